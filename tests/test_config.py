@@ -1,0 +1,67 @@
+import pytest
+import yaml
+
+from conftest import REPO
+from vlbert.config import ConfigError, load_config
+
+
+@pytest.mark.parametrize("preset", ["smoke", "mini", "paper"])
+def test_every_preset_validates(preset):
+    config = load_config(REPO / "experiments" / f"{preset}.yaml")
+    assert config["name"] == preset
+
+
+def _write(tmp_path, config):
+    path = tmp_path / "preset.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _smoke():
+    return yaml.safe_load((REPO / "experiments" / "smoke.yaml").read_text())
+
+
+def test_unknown_key_is_named(tmp_path):
+    config = _smoke()
+    config["data"]["synthetic"]["vqa"]["trian"] = 5
+    with pytest.raises(ConfigError, match=r"preset\.yaml: data\.synthetic\.vqa\.trian: unknown key"):
+        load_config(_write(tmp_path, config))
+
+
+def test_wrong_type_is_named(tmp_path):
+    config = _smoke()
+    config["data"]["synthetic"]["image_size"] = "big"
+    with pytest.raises(ConfigError, match=r"data\.synthetic\.image_size: 'big' is not of type 'integer'"):
+        load_config(_write(tmp_path, config))
+
+
+def test_missing_required_key_is_named(tmp_path):
+    config = _smoke()
+    del config["data"]["synthetic"]["vcr"]
+    with pytest.raises(ConfigError, match=r"data\.synthetic\.vcr: missing required key"):
+        load_config(_write(tmp_path, config))
+
+
+def test_missing_path_is_named(tmp_path):
+    config = yaml.safe_load((REPO / "experiments" / "paper.yaml").read_text())
+    for key in config["data"]["paths"]:
+        (tmp_path / key).mkdir()
+        config["data"]["paths"][key] = str(tmp_path / key)
+    config["detector"]["detectron2"] = {"config": str(tmp_path / "vqa"), "weights": str(tmp_path / "vqa")}
+    load_config(_write(tmp_path, config), check_paths_exist=True)  # all there: fine
+    config["data"]["paths"]["vcr"] = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match=r"data\.paths\.vcr: path does not exist: .*nowhere"):
+        load_config(_write(tmp_path, config), check_paths_exist=True)
+
+
+def test_placeholder_paths_fail_only_when_checked():
+    load_config(REPO / "experiments" / "paper.yaml")
+    with pytest.raises(ConfigError, match=r"data\.paths\.\S+: path does not exist: /path/to/"):
+        load_config(REPO / "experiments" / "paper.yaml", check_paths_exist=True)
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: smoke\nseed: [0\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml:\d+: invalid YAML"):
+        load_config(path)

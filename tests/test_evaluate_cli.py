@@ -1,0 +1,65 @@
+"""`vlbert evaluate` on the hand-written fixtures gives the official figures."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES
+from vlbert.cli import main
+
+
+def test_evaluate_vqa(tmp_path, capsys):
+    root = FIXTURES / "vqa"
+    out = tmp_path / "vqa.json"
+    assert main(["evaluate", "vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
+                 "--annotations", str(root / "v2_mscoco_val2014_annotations.json"),
+                 "--predictions", str(root / "predictions.json"), "--out", str(out)]) == 0
+    # "Maroon" -> 0.6 (see test_vqa_eval), "two" -> "2" -> 1.0, "yes!" -> "yes" -> 1.0
+    assert "VQA accuracy: 86.67" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["perAnswerType"] == {"number": 100.0, "other": 60.0, "yes/no": 100.0}
+
+
+def test_evaluate_vcr(capsys):
+    assert main(["evaluate", "vcr", "--annotations", str(FIXTURES / "vcr/val.jsonl"),
+                 "--predictions", str(FIXTURES / "vcr/predictions.json")]) == 0
+    # val-0: answer right, rationale wrong; val-1 (scores): both right.
+    assert "q2a: 100.00  qa2r: 50.00  q2ar: 50.00" in capsys.readouterr().out
+
+
+def test_evaluate_refcoco(refcoco_fixture, tmp_path, capsys):
+    predictions = [
+        {"sent_id": 0, "bbox": [103.93, 299.99, 134.22, 128.0]},   # exact: IoU 1
+        {"sent_id": 1, "bbox": [103.93, 299.99, 134.22, 64.0]},    # half the box: IoU 0.5, counts
+        {"sent_id": 2, "bbox": [300.0, 100.0, 100.0, 90.0]},       # IoU 0.45: wrong
+        {"sent_id": 3, "bbox": [25.0, 0.0, 50.0, 50.0]},           # IoU 1/3: wrong
+    ]
+    path = tmp_path / "pred.json"
+    path.write_text(json.dumps(predictions))
+    assert main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(path)]) == 0
+    assert "testA: 66.67  testB: 0.00" in capsys.readouterr().out
+
+
+def test_bad_predictions_name_the_key(tmp_path, capsys):
+    path = tmp_path / "pred.json"
+    path.write_text(json.dumps([{"question_id": 420, "answer": "red"}, {"question_id": 421}]))
+    root = FIXTURES / "vqa"
+    assert main(["evaluate", "vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
+                 "--annotations", str(root / "v2_mscoco_val2014_annotations.json"), "--predictions", str(path)]) == 2
+    assert "pred.json [[1].answer]: missing key 'answer'" in capsys.readouterr().err
+
+
+def test_make_data_cli_on_a_bad_preset(tmp_path, capsys):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("name: x\nseed: 0\ndata: {source: synthetic, synthetik: {}}\n")
+    assert main(["make-data", "--config", str(preset)]) == 2
+    assert "p.yaml: data.synthetik: unknown key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", [[], ["make-data"], ["evaluate"], ["evaluate", "vqa"], ["evaluate", "vcr"],
+                                  ["evaluate", "refcoco"]])
+def test_every_verb_has_help(verb):
+    result = subprocess.run([sys.executable, "-m", "vlbert.cli", *verb, "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "usage: vlbert" in result.stdout

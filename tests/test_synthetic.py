@@ -1,0 +1,128 @@
+import filecmp
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from conftest import REPO
+from vlbert.config import load_config, synthetic_spec
+from vlbert.data.synthetic import DATASETS, make_world
+from vlbert.data.synthetic.world import SHAPES, sample_scene, stable_seed
+
+import numpy as np
+
+
+def _tree(root):
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+
+def test_same_seed_gives_byte_identical_files(smoke_config, smoke_world, tmp_path):
+    make_world(synthetic_spec(smoke_config), tmp_path, progress=False)
+    files = _tree(smoke_world)
+    assert files == _tree(tmp_path) and len(files) > 500
+    match, mismatch, errors = filecmp.cmpfiles(smoke_world, tmp_path, files, shallow=False)
+    assert not mismatch and not errors
+
+
+def test_other_seed_gives_other_data(smoke_config, smoke_world, tmp_path):
+    spec = synthetic_spec(smoke_config) | {"seed": 1}
+    make_world(spec, tmp_path, datasets=["text_corpus"], progress=False)
+    assert (tmp_path / "text_corpus/corpus.txt").read_bytes() != (smoke_world / "text_corpus/corpus.txt").read_bytes()
+
+
+def test_rerun_skips_complete_data_sets_and_remakes_changed_ones(smoke_config, tmp_path):
+    spec = synthetic_spec(smoke_config)
+    assert make_world(spec, tmp_path, progress=False) == list(DATASETS)
+    assert make_world(spec, tmp_path, progress=False) == []
+    changed = spec | {"text_corpus": {"passages": 7}}
+    assert make_world(changed, tmp_path, progress=False) == ["text_corpus"]
+    assert len((tmp_path / "text_corpus/corpus.txt").read_text().splitlines()) == 7
+
+
+def test_interrupted_data_set_leaves_no_folder_and_is_remade(smoke_config, tmp_path, monkeypatch):
+    from vlbert.data import synthetic
+    spec = synthetic_spec(smoke_config)
+
+    def crash(spec, root):
+        (root / "half_written.json").write_text("{")
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(synthetic.WRITERS, "vcr", crash)
+    with pytest.raises(KeyboardInterrupt):
+        make_world(spec, tmp_path, datasets=["vcr"], progress=False)
+    assert not (tmp_path / "vcr").exists() and not (tmp_path / "vcr.partial").exists()
+    monkeypatch.undo()
+    assert make_world(spec, tmp_path, datasets=["vcr"], progress=False) == ["vcr"]
+    assert (tmp_path / "vcr/val.jsonl").is_file()
+
+
+def test_scenes_never_overlap():
+    rng = np.random.default_rng(stable_seed(0, "overlap"))
+    for _ in range(200):
+        scene = sample_scene(rng, 96, int(rng.integers(1, 10)))
+        boxes = [o.box for o in scene.objects]
+        for i, a in enumerate(boxes):
+            assert 0 <= a[0] and 0 <= a[1] and a[2] <= 96 and a[3] <= 96
+            for b in boxes[i + 1:]:
+                assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+
+
+LOCATION_WORDS = {"left", "right", "top", "bottom", "above", "below", "middle", "center", "front", "behind",
+                  "next", "beside", "first", "second", "third", "last", "corner"}
+
+
+def test_refcoco_expressions_are_appearance_only_and_unique(smoke_world):
+    from vlbert.data.refcoco import RefCOCO
+    data = RefCOCO(smoke_world / "refcoco+")
+    for ref in data.refs:
+        for sentence in ref["sentences"]:
+            assert not LOCATION_WORDS & set(sentence["tokens"]), sentence["sent"]
+    # testA: images with several objects of one shape; testB: the others.
+    for ref in data.refs:
+        shapes = Counter(data.coco.anns[a]["category_id"] for a in data.coco.getAnnIds(imgIds=ref["image_id"]))
+        if ref["split"] == "testA":
+            assert max(shapes.values()) >= 2
+        if ref["split"] == "testB":
+            assert max(shapes.values()) == 1
+    assert {r["split"] for r in data.refs} == {"train", "val", "testA", "testB"}
+
+
+def test_vcr_right_answers_need_the_image(smoke_world):
+    """The right answer is not identifiable from the question's words and object names alone."""
+    from vlbert.data.vcr import read_metadata, read_vcr
+    examples = read_vcr(smoke_world / "vcr/train.jsonl")
+    assert Counter(e.answer_label for e in examples).keys() == {0, 1, 2, 3}
+    for e in examples:
+        meta = read_metadata(e.metadata_path)
+        assert meta.names == e.objects
+        assert len({json.dumps(c) for c in e.answer_choices}) == 4
+        assert len({json.dumps(c) for c in e.rationale_choices}) == 4
+
+
+def test_language_has_words_only_the_image_resolves(smoke_world):
+    from vlbert.data.conceptual_captions import read_captions
+    from vlbert.data.text_corpus import read_corpus
+    captions = [c.caption for c in read_captions(smoke_world / "conceptual_captions/train.tsv")]
+    words = Counter(w for c in captions for w in c.split())
+    assert all(words[s] + words[s + "s"] + words[s + "es"] > 0 for s in SHAPES)
+    assert words["red"] and words["large"] and words["small"]
+    passages = read_corpus(smoke_world / "text_corpus/corpus.txt")
+    mean_words = sum(len(p.split()) for p in passages) / len(passages)
+    mean_caption_words = sum(len(c.split()) for c in captions) / len(captions)
+    assert mean_words > 5 * mean_caption_words  # long, multi-clause passages
+    multi_clause = [p for p in passages if re.search(r" (because|since|while|which|so|that) ", p)]
+    assert len(multi_clause) >= 0.9 * len(passages)
+
+
+def test_mini_pretraining_data_outnumbers_each_finetuning_set():
+    synthetic = load_config(REPO / "experiments" / "mini.yaml")["data"]["synthetic"]
+    pretraining = synthetic["conceptual_captions"]["train"]
+    finetuning = {
+        "vqa": synthetic["vqa"]["train"] * synthetic["vqa"]["questions_per_image"],
+        "vcr": synthetic["vcr"]["train"],
+        # an upper bound: at most 6 referable objects an image, in the training share of images
+        "refcoco+": int(synthetic["refcoco+"]["images"] * (1 - synthetic["refcoco+"]["held_out_fraction"])
+                        * 6 * synthetic["refcoco+"]["expressions_per_ref"]),
+    }
+    assert all(pretraining >= 2 * n for n in finetuning.values()), finetuning

@@ -1,0 +1,94 @@
+"""Presets: load a YAML file, validate it against the one schema, resolve defaults.
+
+Every error names the preset file and the dotted key at fault, e.g.
+`experiments/mini.yaml: data.synthetic.vqa.trian: unknown key`.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+SCHEMA_FILE = "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(resources.files("vlbert.schemas").joinpath(SCHEMA_FILE).read_text())
+
+
+def _dotted(parts) -> str:
+    return ".".join(str(p) for p in parts) or "<top level>"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = list(error.absolute_path)
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return f"{_dotted(where + [extra[0]])}: unknown key"
+    if error.validator == "required":
+        missing = error.message.split("'")[1]
+        return f"{_dotted(where + [missing])}: missing required key"
+    return f"{_dotted(where)}: {error.message}"
+
+
+def validate(config: dict, source: str = "<config>") -> None:
+    validator = jsonschema.Draft202012Validator(load_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
+    if errors:
+        # `if/then` failures wrap the useful error; report the innermost one.
+        error = errors[0]
+        while error.context:
+            error = min(error.context, key=lambda e: len(e.absolute_path))
+        raise ConfigError(f"{source}: {_describe(error)}")
+
+
+def existing_paths(config: dict) -> dict[str, str]:
+    """The dotted keys of every path the preset says must exist, with their values."""
+    paths = {}
+    if config["data"]["source"] == "real":
+        paths.update({f"data.paths.{k}": v for k, v in config["data"]["paths"].items()})
+    d2 = config.get("detector", {}).get("detectron2")
+    if d2 and config["detector"].get("backend") == "detectron2":
+        paths.update({f"detector.detectron2.{k}": v for k, v in d2.items()})
+    return paths
+
+
+def check_paths(config: dict, source: str = "<config>") -> None:
+    for key, value in existing_paths(config).items():
+        if not Path(value).exists():
+            raise ConfigError(f"{source}: {key}: path does not exist: {value}")
+
+
+def load_config(path, check_paths_exist: bool = False) -> dict:
+    """Load and validate a preset; with `check_paths_exist`, every data path must exist."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"preset not found: {path}")
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: a preset is a mapping of keys, got {type(config).__name__}")
+    validate(config, str(path))
+    if check_paths_exist:
+        check_paths(config, str(path))
+    config.setdefault("data", {}).setdefault("root", f"results/{config['name']}/data")
+    return config
+
+
+def synthetic_spec(config: dict) -> dict:
+    """What the synthetic world generator needs: the data.synthetic section plus the seed."""
+    if config["data"]["source"] != "synthetic":
+        raise ConfigError(f"preset {config['name']!r} uses real data (data.source: real); "
+                          "make-data writes only the synthetic world")
+    return {"seed": config["seed"], **config["data"]["synthetic"]}

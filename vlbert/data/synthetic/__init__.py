@@ -1,0 +1,218 @@
+"""The embedded default's data: a synthetic world written in the real data sets' formats.
+
+`make_world(spec, out)` writes, under `out`, one folder per data set, each laid out and named as
+the real one is, so that the real readers (vlbert.data) read it. Deterministic from the seed:
+the same spec gives byte-identical files. Each data set folder is built under a `.partial` name
+and renamed when complete, so an interrupted run is simply run again.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ... import io
+from . import captions, corpus, refcoco, vcr, vqa
+from .language import tokenize
+from .world import (SHAPES, Scene, coco_bbox, coco_polygon, render, sample_scene, save_image,
+                    stable_seed)
+
+SPEC_STAMP = ".spec.json"  # the spec a folder was made from; a different spec remakes it
+DATASETS = ("detector", "conceptual_captions", "text_corpus", "vqa", "vcr", "refcoco+")
+CATEGORIES = [{"id": k + 1, "name": s, "supercategory": "shape"} for k, s in enumerate(SHAPES)]
+_CATEGORY_ID = {s: k + 1 for k, s in enumerate(SHAPES)}
+# COCO image folder names that VQA v2 uses for each of its splits.
+VQA_SPLITS = {"train": ("train2014", "train2014"), "val": ("val2014", "val2014"),
+              "test-dev": ("test-dev2015", "test2015")}
+
+
+def _scenes(spec: dict, name: str, split: str, count: int, objects: tuple[int, int],
+            desc: str, forced=None):
+    """Yield (index, scene, image) for one split, each split from its own random stream."""
+    rng = np.random.default_rng(stable_seed(spec["seed"], name, split))
+    for index in tqdm(range(count), desc=f"{desc} {split}", unit="img", leave=False,
+                      disable=not spec.get("progress", True)):
+        n = int(rng.integers(objects[0], objects[1] + 1))
+        scene = sample_scene(rng, spec["image_size"], n, forced=forced(rng, n) if forced else None)
+        yield index, scene, render(scene, rng), rng
+
+
+def _coco_annotations(scene: Scene, image_id: int, first_ann_id: int) -> list[dict]:
+    return [{"id": first_ann_id + k, "image_id": image_id, "category_id": _CATEGORY_ID[o.shape],
+             "bbox": coco_bbox(o), "area": round(coco_bbox(o)[2] * coco_bbox(o)[3], 2),
+             "iscrowd": 0, "segmentation": coco_polygon(o)}
+            for k, o in enumerate(scene.objects)]
+
+
+def _coco_image(image_id: int, file_name: str, scene: Scene) -> dict:
+    return {"id": image_id, "file_name": file_name, "width": scene.width, "height": scene.height}
+
+
+def write_detector(spec: dict, root: Path) -> None:
+    """COCO instances (train2017/val2017 layout); categories are the shapes."""
+    for split, count in spec["detector"].items():
+        folder = f"{split}2017"
+        (root / folder).mkdir()
+        images, annotations = [], []
+        for index, scene, image, _ in _scenes(spec, "detector", split, count, (1, 6), "detector"):
+            image_id = index + 1
+            file_name = f"{image_id:012d}.jpg"
+            save_image(image, root / folder / file_name)
+            images.append(_coco_image(image_id, file_name, scene))
+            annotations += _coco_annotations(scene, image_id, len(annotations) + 1)
+        io.write_json(root / "annotations" / f"instances_{folder}.json",
+                      {"images": images, "annotations": annotations, "categories": CATEGORIES})
+
+
+def write_conceptual_captions(spec: dict, root: Path) -> None:
+    for split, count in spec["conceptual_captions"].items():
+        (root / "images" / split).mkdir(parents=True)
+        lines = []
+        for index, scene, image, rng in _scenes(spec, "conceptual_captions", split, count, (1, 5), "captions"):
+            relative = f"images/{split}/{index:08d}.jpg"
+            save_image(image, root / relative)
+            lines.append(f"{captions.make_caption(scene, rng)}\t{relative}\n")
+        io.write_text(root / f"{split}.tsv", "".join(lines))
+
+
+def write_text_corpus(spec: dict, root: Path) -> None:
+    rng = np.random.default_rng(stable_seed(spec["seed"], "text_corpus"))
+    passages = [corpus.make_passage(rng) for _ in range(spec["text_corpus"]["passages"])]
+    io.write_text(root / "corpus.txt", "\n".join(passages) + "\n")
+
+
+def write_vqa(spec: dict, root: Path) -> None:
+    per_image = spec["vqa"].get("questions_per_image", 3)
+    answer_counts: dict[str, int] = {}
+    for split, count in spec["vqa"].items():
+        if split == "questions_per_image":
+            continue
+        subtype, image_folder = VQA_SPLITS[split]
+        (root / image_folder).mkdir(exist_ok=True)
+        questions, annotations = [], []
+        for index, scene, image, rng in _scenes(spec, "vqa", split, count, (2, 6), "vqa"):
+            image_id = index + 1 + 1_000_000 * list(VQA_SPLITS).index(split)
+            save_image(image, root / image_folder / f"COCO_{image_folder}_{image_id:012d}.jpg")
+            for k, item in enumerate(vqa.make_questions(scene, rng, per_image)):
+                question_id = image_id * 10 + k
+                answers = vqa.annotate(item["answer"], item["answer_type"], rng)
+                questions.append({"image_id": image_id, "question": item["question"],
+                                  "question_id": question_id})
+                annotations.append({
+                    "question_id": question_id, "image_id": image_id,
+                    "question_type": item["question_type"], "answer_type": item["answer_type"],
+                    "multiple_choice_answer": item["answer"],
+                    "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": n + 1}
+                                for n, a in enumerate(answers)],
+                })
+                if split == "train":
+                    answer_counts[item["answer"]] = answer_counts.get(item["answer"], 0) + 1
+        header = {"info": {"description": "vlbert-ablation synthetic world"}, "license": {},
+                  "data_subtype": subtype}
+        io.write_json(root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
+                      {**header, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions})
+        io.write_json(root / f"v2_mscoco_{subtype}_annotations.json",
+                      {**header, "data_type": "mscoco", "annotations": annotations})
+    # The answer vocabulary: training answers, most frequent first (ties alphabetical).
+    vocabulary = sorted(answer_counts, key=lambda a: (-answer_counts[a], a))
+    io.write_text(root / "answers_vqa.txt", "\n".join(vocabulary) + "\n")
+
+
+def write_vcr(spec: dict, root: Path) -> None:
+    for split, count in spec["vcr"].items():
+        lines = []
+        for index, scene, image, rng in _scenes(spec, "vcr", split, count, (2, 6), "vcr"):
+            movie = f"synthetic_movie_{index // 50:04d}"
+            stem = f"{movie}/{split}_{index:06d}"
+            (root / "vcr1images" / movie).mkdir(parents=True, exist_ok=True)
+            save_image(image, root / "vcr1images" / f"{stem}.jpg")
+            boxes = [[round(v, 2) for v in o.box] + [round(float(rng.uniform(0.9, 1.0)), 4)]
+                     for o in scene.objects]
+            io.write_json(root / "vcr1images" / f"{stem}.json", {
+                "boxes": boxes, "names": [o.shape for o in scene.objects],
+                "segms": [[[[round(x, 2), round(y, 2)] for x, y in o.polygon()]] for o in scene.objects],
+                "width": scene.width, "height": scene.height})
+            item = vcr.make_item(scene, rng)
+            kind = item.pop("kind")
+            lines.append(json.dumps({
+                "annot_id": f"{split}-{index}", "movie": movie, "img_id": f"{split}-{index}",
+                "img_fn": f"{stem}.jpg", "metadata_fn": f"{stem}.json",
+                "objects": [o.shape for o in scene.objects], "question_number": 0,
+                "interesting_scores": [], "question_type": kind, **item,
+            }, sort_keys=True) + "\n")
+        io.write_text(root / f"{split}.jsonl", "".join(lines))
+
+
+def _refcoco_forced(rng, n):
+    """Half the images repeat one shape (testA-like, as RefCOCO+'s people images), half do not."""
+    if rng.random() < 0.5:
+        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        return [{"shape": shape}] * int(rng.integers(2, min(n, 3) + 1))
+    return [{"shape": str(s)} for s in rng.permutation(SHAPES)[:n]]
+
+
+def write_refcoco(spec: dict, root: Path) -> None:
+    options = spec["refcoco+"]
+    (root / "images").mkdir()
+    images, annotations, refs = [], [], []
+    held_out = options.get("held_out_fraction", 0.3)
+    for index, scene, image, rng in _scenes(spec, "refcoco+", "all", options["images"], (3, 6),
+                                            "refcoco+", forced=_refcoco_forced):
+        image_id = index + 1
+        file_name = f"COCO_train2014_{image_id:012d}.jpg"
+        save_image(image, root / "images" / file_name)
+        images.append(_coco_image(image_id, file_name, scene))
+        anns = _coco_annotations(scene, image_id, len(annotations) + 1)
+        annotations += anns
+        repeated_shape = len({o.shape for o in scene.objects}) < len(scene.objects)
+        if rng.random() >= held_out:
+            split = "train"
+        elif rng.random() < 1 / 3:
+            split = "val"
+        else:
+            split = "testA" if repeated_shape else "testB"
+        for k, ann in enumerate(anns):
+            texts = refcoco.expressions(scene, k, rng, n=options.get("expressions_per_ref", 2))
+            if not texts:
+                continue
+            first_sent_id = sum(len(r["sent_ids"]) for r in refs)
+            sentences = [{"raw": t, "sent": t, "tokens": tokenize(t), "sent_id": first_sent_id + n}
+                         for n, t in enumerate(texts)]
+            refs.append({"ref_id": len(refs), "ann_id": ann["id"], "image_id": image_id,
+                         "category_id": ann["category_id"], "split": split,
+                         "file_name": f"COCO_train2014_{image_id:012d}_{ann['id']}.jpg",
+                         "sent_ids": [s["sent_id"] for s in sentences], "sentences": sentences})
+    io.write_json(root / "instances.json",
+                  {"images": images, "annotations": annotations, "categories": CATEGORIES})
+    # Protocol 2 keeps the pickle readable by the Python 2 tools that ship with REFER.
+    io.write_bytes(root / "refs(unc).p", pickle.dumps(refs, protocol=2))
+
+
+WRITERS = {"detector": write_detector, "conceptual_captions": write_conceptual_captions,
+           "text_corpus": write_text_corpus, "vqa": write_vqa, "vcr": write_vcr,
+           "refcoco+": write_refcoco}
+
+
+def make_world(spec: dict, out: str | Path, datasets=DATASETS, force: bool = False,
+               progress: bool = True) -> list[str]:
+    """Write the data sets under `out`; those complete for this spec are skipped unless `force`.
+
+    `spec` is the preset's `data.synthetic` section plus `seed`. Returns the names written.
+    """
+    out = Path(out)
+    written = []
+    for name in datasets:
+        # What this data set is made from: a change elsewhere in the spec leaves it alone.
+        stamp = json.dumps({k: spec[k] for k in ("seed", "image_size", name)}, sort_keys=True)
+        done = out / name / SPEC_STAMP
+        if done.exists() and done.read_text() == stamp and not force:
+            continue
+        with io.atomic_dir(out / name) as partial:
+            WRITERS[name]({**spec, "progress": progress}, partial)
+            (partial / SPEC_STAMP).write_text(stamp)
+        written.append(name)
+    return written

@@ -1,0 +1,96 @@
+"""VCR reader: `{split}.jsonl` annotations and the per-image metadata JSON under vcr1images/."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DataFormatError, require_file, require_keys, require_nonempty
+
+Tokens = list  # a VCR token list: words (str) and object references (lists of object indices)
+
+_REQUIRED = ["annot_id", "objects", "question", "answer_choices", "rationale_choices", "img_fn", "metadata_fn"]
+
+
+@dataclass(frozen=True)
+class VCRExample:
+    annot_id: str
+    objects: list[str]
+    question: Tokens
+    answer_choices: list[Tokens]
+    rationale_choices: list[Tokens]
+    image_path: Path
+    metadata_path: Path
+    answer_label: int | None      # None on the real test split, which ships without labels
+    rationale_label: int | None
+
+
+@dataclass(frozen=True)
+class VCRMetadata:
+    boxes: list[list[float]]      # x1, y1, x2, y2, score
+    names: list[str]
+    width: int
+    height: int
+
+
+def _check_tokens(tokens, n_objects: int, path, line: int, key: str) -> None:
+    if not isinstance(tokens, list) or not tokens:
+        raise DataFormatError(path, "expected a non-empty token list", line, key)
+    for t, token in enumerate(tokens):
+        if isinstance(token, str):
+            continue
+        if not (isinstance(token, list) and token and all(isinstance(i, int) for i in token)):
+            raise DataFormatError(path, f"token {t} is neither a word nor a list of object indices: {token!r}", line, key)
+        bad = [i for i in token if not 0 <= i < n_objects]
+        if bad:
+            raise DataFormatError(path, f"token {t} refers to object {bad[0]}, but there are {n_objects} objects", line, key)
+
+
+def read_vcr(jsonl_path, image_root=None) -> list[VCRExample]:
+    """Read one split. Images and metadata resolve against `image_root` (default: vcr1images/ beside it)."""
+    jsonl_path = require_file(jsonl_path, "VCR annotations")
+    root = Path(image_root) if image_root else jsonl_path.parent / "vcr1images"
+    examples = []
+    with open(jsonl_path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(jsonl_path, f"invalid JSON: {exc.msg}", line_no) from None
+            require_keys(record, _REQUIRED, jsonl_path, line_no)
+            n = len(record["objects"])
+            _check_tokens(record["question"], n, jsonl_path, line_no, "question")
+            for field in ("answer_choices", "rationale_choices"):
+                choices = record[field]
+                if not isinstance(choices, list) or len(choices) != 4:
+                    raise DataFormatError(jsonl_path, "expected 4 choices", line_no, field)
+                for c, choice in enumerate(choices):
+                    _check_tokens(choice, n, jsonl_path, line_no, f"{field}[{c}]")
+            labels = []
+            for field in ("answer_label", "rationale_label"):
+                label = record.get(field)
+                if label is not None and label not in (0, 1, 2, 3):
+                    raise DataFormatError(jsonl_path, f"label must be 0..3, got {label!r}", line_no, field)
+                labels.append(label)
+            examples.append(VCRExample(
+                record["annot_id"], record["objects"], record["question"], record["answer_choices"],
+                record["rationale_choices"], root / record["img_fn"], root / record["metadata_fn"], *labels))
+    return require_nonempty(examples, jsonl_path, "VCR questions")
+
+
+def read_metadata(path) -> VCRMetadata:
+    path = require_file(path, "VCR image metadata")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
+    require_keys(data, ["boxes", "names", "width", "height"], path)
+    if len(data["boxes"]) != len(data["names"]):
+        raise DataFormatError(path, f"{len(data['boxes'])} boxes but {len(data['names'])} names", key="boxes")
+    for b, box in enumerate(data["boxes"]):
+        if len(box) != 5:
+            raise DataFormatError(path, "a box is x1, y1, x2, y2, score", key=f"boxes[{b}]")
+    return VCRMetadata(data["boxes"], data["names"], int(data["width"]), int(data["height"]))

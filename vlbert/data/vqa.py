@@ -1,0 +1,88 @@
+"""VQA v2 reader: the official question and annotation JSON files, and the answer vocabulary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import DataFormatError, require_file, require_keys, require_nonempty
+
+# Image folders of the COCO splits that VQA v2's question files point into.
+IMAGE_FOLDER = {"train2014": "train2014", "val2014": "val2014", "test2015": "test2015",
+                "test-dev2015": "test2015"}
+
+
+@dataclass(frozen=True)
+class VQAExample:
+    question_id: int
+    image_id: int
+    question: str
+    image_path: Path
+    answers: tuple[str, ...] = ()           # the 10 human answers; empty for unlabelled splits
+    multiple_choice_answer: str | None = None
+    answer_type: str | None = None
+    question_type: str | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+def load_json(path, what: str):
+    path = require_file(path, what)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
+
+
+def read_answer_vocabulary(path) -> list[str]:
+    path = require_file(path, "VQA answer vocabulary")
+    answers = [line.rstrip("\n") for line in open(path, encoding="utf-8")]
+    answers = [a for a in answers if a.strip()]
+    if len(set(answers)) != len(answers):
+        raise DataFormatError(path, "duplicate answers in the vocabulary")
+    return require_nonempty(answers, path, "answers")
+
+
+def read_annotations(path) -> dict[int, dict]:
+    data = load_json(path, "VQA annotations")
+    require_keys(data, ["annotations"], path)
+    by_question = {}
+    for k, ann in enumerate(data["annotations"]):
+        prefix = f"annotations[{k}]."
+        require_keys(ann, ["question_id", "image_id", "answers", "answer_type", "question_type",
+                           "multiple_choice_answer"], path, prefix=prefix)
+        for n, answer in enumerate(ann["answers"]):
+            require_keys(answer, ["answer"], path, prefix=f"{prefix}answers[{n}].")
+        by_question[ann["question_id"]] = ann
+    return by_question
+
+
+def read_vqa(questions_path, annotations_path=None, image_root=None) -> list[VQAExample]:
+    """Questions joined with their annotations (when given) and image paths.
+
+    Image paths follow COCO's naming, `<root>/<folder>/COCO_<folder>_<image_id:012d>.jpg`, with
+    `image_root` defaulting to the questions file's folder.
+    """
+    data = load_json(questions_path, "VQA questions")
+    require_keys(data, ["questions", "data_subtype"], questions_path)
+    subtype = data["data_subtype"]
+    folder = IMAGE_FOLDER.get(subtype, subtype)
+    root = Path(image_root) if image_root else Path(questions_path).parent
+    annotations = read_annotations(annotations_path) if annotations_path else {}
+    examples = []
+    for k, q in enumerate(data["questions"]):
+        require_keys(q, ["question_id", "image_id", "question"], questions_path, prefix=f"questions[{k}].")
+        image_path = root / folder / f"COCO_{folder}_{q['image_id']:012d}.jpg"
+        ann = annotations.get(q["question_id"])
+        if annotations_path and ann is None:
+            raise DataFormatError(annotations_path, f"no annotation for question_id {q['question_id']}")
+        if ann is None:
+            examples.append(VQAExample(q["question_id"], q["image_id"], q["question"], image_path))
+            continue
+        examples.append(VQAExample(
+            q["question_id"], q["image_id"], q["question"], image_path,
+            answers=tuple(a["answer"] for a in ann["answers"]),
+            multiple_choice_answer=ann["multiple_choice_answer"],
+            answer_type=ann["answer_type"], question_type=ann["question_type"]))
+    return require_nonempty(examples, questions_path, "questions")

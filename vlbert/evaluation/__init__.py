@@ -1,0 +1,1 @@
+"""The official metrics of the fine-tuning tasks: VQA soft accuracy, VCR accuracy, RefCOCO+ IoU."""

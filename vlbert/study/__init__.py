@@ -1,0 +1,1 @@
+"""The ablation study: its settings, tasks, sweeps and report."""
