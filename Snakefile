@@ -3,8 +3,10 @@
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/detection.smk"
 
 
 rule all:
     input:
         data_outputs(),
+        feature_outputs(),

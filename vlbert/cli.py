@@ -22,6 +22,60 @@ def _make_data(args) -> int:
     return 0
 
 
+def _train_detector(args) -> int:
+    import torch
+
+    from .config import load_config
+    from .detection.train import train_detector
+    from .io import write_json
+    from .tracking import make_tracker
+
+    config = load_config(args.config, check_paths_exist=True)
+    options = config.get("detector", {})
+    if options.get("backend", "torchvision") != "torchvision":
+        raise ValueError(f"{args.config}: detector.backend is {options['backend']!r}: its weights are "
+                         "given (detector.detectron2), there is nothing to train")
+    torch.set_num_threads(args.threads)
+    tracker = make_tracker(config, "detector", {"stage": "detector"}, enabled=not args.no_tracking)
+    try:
+        metrics = train_detector(args.data, args.out, options, tracker, seed=config["seed"], device=args.device)
+        write_json(Path(args.out) / "metrics.json", metrics, indent=2)
+        tracker.log_artifact(Path(args.out))
+    except BaseException:
+        tracker.close("FAILED")
+        raise
+    tracker.close()
+    print(f"detector: val mAP@0.5 {metrics['val_mAP50']:.3f}, mAP {metrics['val_mAP']:.3f} -> {args.out}")
+    return 0
+
+
+def _extract_rois(args) -> int:
+    import torch
+
+    from .config import dataset_root, load_config
+    from .detection.backends import build_backend
+    from .detection.extract import extract_to_store
+    from .detection.sources import image_items
+
+    config = load_config(args.config, check_paths_exist=True)
+    if args.data:
+        config["data"]["root"] = args.data
+    torch.set_num_threads(args.threads)
+    items = image_items(dataset_root(config, args.dataset), args.dataset, args.split, gt_boxes=args.gt_boxes)
+    if args.limit:
+        items = items[:args.limit]
+    backend = build_backend(config, args.detector, args.device)
+    attrs = {"dataset": args.dataset, "split": args.split, "preset": config["name"],
+             "rule": json.dumps(backend.rule.__dict__),
+             "detector": str(Path(args.detector).resolve()) if args.detector else config["detector"]["backend"]}
+    summary = extract_to_store(backend, items, args.out, batch_size=args.batch_size,
+                               on_bad_image=args.on_bad_image, attrs=attrs, progress=not args.quiet)
+    print(f"{args.out}: {summary['images']} images, {summary['regions']} regions"
+          + (f", {summary['skipped']} unreadable images skipped (listed in the file's attributes)"
+             if summary["skipped"] else ""))
+    return 0
+
+
 def _write_result(result: dict, out) -> None:
     if out:
         from .io import write_json
@@ -98,6 +152,12 @@ def _predictions(path, key: str, value: str) -> dict:
     return out
 
 
+def _add_runtime_arguments(p) -> None:
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlbert", description="VL-BERT pre-training ablation study (ICLR 2020, Table 4).")
@@ -112,6 +172,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rewrite data sets that are up to date")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_make_data)
+
+    p = verbs.add_parser("train-detector", help="train the Faster R-CNN on the detector split",
+                         description="Train the C4/C5 Faster R-CNN on <data>/annotations/instances_train2017.json, "
+                                     "report COCO mAP on val, save safetensors + config JSON.")
+    p.add_argument("--config", required=True, help="preset YAML")
+    p.add_argument("--data", required=True, help="detector data folder (COCO layout)")
+    p.add_argument("--out", required=True, help="output folder for the weights, config and metrics")
+    _add_runtime_arguments(p)
+    p.set_defaults(func=_train_detector)
+
+    from .detection.sources import SPLITS
+
+    p = verbs.add_parser("extract-rois", help="detect regions and store their features (HDF5)",
+                         description="For every image of a data set split: detections by the paper's rule "
+                                     "(score > threshold, at least min_boxes, at most max_boxes) plus the "
+                                     "whole image, or features of given boxes (--gt-boxes). Resumable.")
+    p.add_argument("--config", required=True, help="preset YAML")
+    p.add_argument("--dataset", required=True, choices=list(SPLITS))
+    p.add_argument("--split", required=True, help="; ".join(f"{d}: {', '.join(s)}" for d, s in SPLITS.items()))
+    p.add_argument("--out", required=True, help="HDF5 file to write")
+    p.add_argument("--detector", help="folder written by `vlbert train-detector` (torchvision backend)")
+    p.add_argument("--data", help="data root (default: the preset's data.root)")
+    p.add_argument("--gt-boxes", action="store_true", help="features of the data set's own boxes (VCR, RefCOCO+)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--on-bad-image", choices=["error", "skip"], default="error",
+                   help="a corrupt or missing image: stop with its path, or skip it and record it")
+    p.add_argument("--limit", type=int, help="only the first N images (quick looks)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_runtime_arguments(p)
+    p.set_defaults(func=_extract_rois)
 
     p = verbs.add_parser("evaluate", help="score predictions with the official metrics",
                          description="Score predictions in the official result formats.")

@@ -86,6 +86,16 @@ def load_config(path, check_paths_exist: bool = False) -> dict:
     return config
 
 
+def dataset_root(config: dict, dataset: str) -> Path:
+    """Where a data set lives: under data.root for the synthetic world, data.paths for real data."""
+    if config["data"]["source"] == "synthetic":
+        return Path(config["data"]["root"]) / dataset
+    try:
+        return Path(config["data"]["paths"][dataset])
+    except KeyError:
+        raise ConfigError(f"preset {config['name']!r}: data.paths.{dataset}: missing required key") from None
+
+
 def synthetic_spec(config: dict) -> dict:
     """What the synthetic world generator needs: the data.synthetic section plus the seed."""
     if config["data"]["source"] != "synthetic":

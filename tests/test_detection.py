@@ -1,0 +1,212 @@
+"""The RoI detector and extraction: the paper's box rule, ground-truth mode, resume, bad images."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO
+from vlbert.data.feature_store import FeatureStore
+from vlbert.detection.backends import DETECTRON2_MISSING, Detectron2Backend, TorchvisionBackend
+from vlbert.detection.extract import extract_to_store
+from vlbert.detection.model import load_detector
+from vlbert.detection.rules import BoxRule, select_boxes
+from vlbert.cli import main
+from vlbert.detection.sources import image_items
+
+
+@pytest.fixture(scope="session")
+def smoke_detector(smoke_config, smoke_world, tmp_path_factory):
+    from vlbert.detection.train import train_detector
+    from vlbert.tracking import NullTracker
+    out = tmp_path_factory.mktemp("detector")
+    torch.set_num_threads(2)
+    metrics = train_detector(smoke_world / "detector", out, smoke_config["detector"], NullTracker())
+    assert 0 <= metrics["val_mAP50"] <= 1
+    return out
+
+
+@pytest.fixture
+def backend(smoke_detector):
+    model, config = load_detector(smoke_detector)
+    return TorchvisionBackend(model, config, BoxRule())
+
+
+# ---- the rule --------------------------------------------------------------------------------
+
+def _proposals(confidences, classes=3):
+    """Far-apart boxes (no NMS suppression) whose best foreground class has the given probability."""
+    n = len(confidences)
+    boxes = torch.tensor([[20.0 * i, 0.0, 20.0 * i + 10, 10.0] for i in range(n)])
+    probs = torch.zeros(n, classes + 1)
+    probs[:, 1] = torch.tensor(confidences)
+    probs[:, 0] = 1 - probs[:, 1]
+    return boxes, probs
+
+
+@pytest.mark.parametrize("confidences, expected", [
+    ([0.9] * 3 + [0.1] * 20, 10),          # 3 above 0.5: topped up to min_boxes
+    ([0.9] * 40 + [0.1] * 5, 40),          # between the bounds: exactly those above
+    ([0.9] * 150, 100),                    # more than max_boxes: capped
+    ([0.9] * 4, 4),                        # fewer proposals than min_boxes: all of them
+])
+def test_rule_keeps_between_min_and_max(confidences, expected):
+    kept, confidence = select_boxes(*_proposals(confidences), BoxRule())
+    assert len(kept) == expected
+    assert torch.all(confidence[:-1] >= confidence[1:])          # best first
+
+
+def test_rule_confidence_counts_only_classes_a_box_survives_nms():
+    boxes = torch.tensor([[0.0, 0, 10, 10], [0.5, 0, 10.5, 10]])   # IoU ~0.9: one suppresses the other
+    probs = torch.tensor([[0.1, 0.8, 0.1], [0.1, 0.7, 0.2]])
+    kept, confidence = select_boxes(boxes, probs, BoxRule(min_boxes=2))
+    # Box 1 loses class 1 to box 0 but survives as class 2 (0.2), the only class it is kept for.
+    assert kept.tolist() == [0, 1] and confidence.tolist() == pytest.approx([0.8, 0.2])
+
+
+def test_rule_numbers_are_configurable():
+    kept, _ = select_boxes(*_proposals([0.9] * 3 + [0.6] * 5 + [0.1] * 20),
+                           BoxRule(score_threshold=0.7, min_boxes=2, max_boxes=4))
+    assert len(kept) == 3
+    with pytest.raises(ValueError, match="min_boxes <= max_boxes"):
+        BoxRule(min_boxes=5, max_boxes=4)
+
+
+def test_extraction_applies_the_rule_plus_the_whole_image(backend, smoke_world):
+    items = image_items(smoke_world / "vqa", "vqa", "val2014")[:6]
+    from vlbert.detection.train import load_image
+    results = backend.extract([load_image(i.path) for i in items], [None] * len(items))
+    for r in results:
+        assert 10 <= len(r.boxes) - 1 <= 100
+        assert r.boxes[0].tolist() == [0, 0, r.width, r.height] and r.labels[0] == 0
+        assert r.features.shape == (len(r.boxes), backend.feature_dim)
+        assert np.allclose(r.probs.sum(1), 1, atol=1e-5)
+        assert np.all(r.scores[1:-1] >= r.scores[2:])
+
+
+# ---- ground-truth boxes ----------------------------------------------------------------------
+
+def test_ground_truth_mode_describes_the_given_boxes(backend, smoke_world, tmp_path):
+    items = image_items(smoke_world / "refcoco+", "refcoco+", "all", gt_boxes=True)[:8]
+    extract_to_store(backend, items, tmp_path / "gt.h5", batch_size=3, progress=False)
+    with FeatureStore(tmp_path / "gt.h5") as store:
+        assert store.attrs["mode"] == "gt"
+        for item in items:
+            regions = store[item.key]
+            assert np.allclose(regions["boxes"][1:], item.boxes, atol=1e-3)
+            assert regions["box_ids"].tolist() == [-1, *item.box_ids]
+    vcr = image_items(smoke_world / "vcr", "vcr", "val", gt_boxes=True)
+    assert all(len(i.boxes) == len(i.box_ids) >= 2 for i in vcr)
+
+
+# ---- resume after a kill ---------------------------------------------------------------------
+
+def _read_all(path):
+    with h5py.File(path, "r") as f:
+        return {name: f[name][()] for name in f}, dict(f.attrs)
+
+
+def test_killed_extraction_resumes_to_the_same_file(smoke_detector, smoke_world, tmp_path):
+    command = [sys.executable, "-m", "vlbert.cli", "extract-rois", "--config", str(REPO / "experiments/smoke.yaml"),
+               "--data", str(smoke_world), "--detector", str(smoke_detector), "--dataset", "conceptual_captions",
+               "--split", "train", "--batch-size", "2", "--quiet", "--threads", "1"]
+    parts = tmp_path / "killed.h5.parts"
+    process = subprocess.Popen(command + ["--out", str(tmp_path / "killed.h5")])
+    deadline = time.time() + 120
+    while len(list(parts.glob("shard_*.npz"))) < 5:
+        assert process.poll() is None and time.time() < deadline, "extraction ended before it could be killed"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    done_before = len(list(parts.glob("shard_*.npz")))
+    assert not (tmp_path / "killed.h5").exists() and 5 <= done_before < 60
+    subprocess.run(command + ["--out", str(tmp_path / "killed.h5")], check=True)
+    subprocess.run(command + ["--out", str(tmp_path / "straight.h5")], check=True)
+    killed, killed_attrs = _read_all(tmp_path / "killed.h5")
+    straight, straight_attrs = _read_all(tmp_path / "straight.h5")
+    assert killed.keys() == straight.keys()
+    for name in straight:
+        assert np.array_equal(killed[name], straight[name]), name
+    assert killed_attrs == straight_attrs
+    assert not parts.exists()
+
+
+# ---- bad images ------------------------------------------------------------------------------
+
+@pytest.fixture
+def items_with_a_corrupt_image(smoke_world, tmp_path):
+    items = image_items(smoke_world / "vqa", "vqa", "val2014")[:5]
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"\xff\xd8\xff not a jpeg")
+    from dataclasses import replace
+    return items[:2] + [replace(items[2], path=corrupt), replace(items[3], path=tmp_path / "missing.jpg")] + items[4:]
+
+
+def test_bad_image_is_an_error_naming_it(backend, items_with_a_corrupt_image, tmp_path):
+    with pytest.raises(OSError, match=r"cannot read image .*corrupt\.jpg.*--on-bad-image skip"):
+        extract_to_store(backend, items_with_a_corrupt_image, tmp_path / "f.h5", progress=False)
+    assert not (tmp_path / "f.h5").exists()
+
+
+def test_bad_images_skipped_are_counted_and_recorded(backend, items_with_a_corrupt_image, tmp_path):
+    summary = extract_to_store(backend, items_with_a_corrupt_image, tmp_path / "f.h5", batch_size=2,
+                               on_bad_image="skip", progress=False)
+    assert summary == {"images": 3, "regions": summary["regions"], "skipped": 2}
+    with FeatureStore(tmp_path / "f.h5") as store:
+        assert store.attrs["num_skipped"] == 2 and len(store) == 3
+        skipped = dict(store.skipped)
+        bad_keys = [items_with_a_corrupt_image[2].key, items_with_a_corrupt_image[3].key]
+        assert sorted(skipped) == sorted(bad_keys)
+        assert "missing.jpg" in skipped[items_with_a_corrupt_image[3].key]
+
+
+# ---- detectron2 ------------------------------------------------------------------------------
+
+def test_detectron2_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "detectron2", None)   # not importable, even where installed
+    with pytest.raises(ImportError, match="not on PyPI: build it from source") as info:
+        Detectron2Backend("cfg.yaml", "weights.pkl", BoxRule())
+    assert str(info.value) == DETECTRON2_MISSING
+
+
+def test_detectron2_backend_is_chosen_by_the_preset(monkeypatch, smoke_config):
+    from vlbert.detection.backends import build_backend
+    monkeypatch.setitem(sys.modules, "detectron2", None)
+    config = {**smoke_config, "detector": {"backend": "detectron2",
+                                           "detectron2": {"config": "c.yaml", "weights": "w.pkl"}}}
+    with pytest.raises(ImportError, match="detectron2"):
+        build_backend(config)
+
+
+# ---- the smoke preset end to end -------------------------------------------------------------
+
+@pytest.mark.slow
+def test_smoke_preset_trains_a_detector_and_extracts_every_data_set(smoke_world, tmp_path):
+    cli = [sys.executable, "-m", "vlbert.cli"]
+    preset = str(REPO / "experiments/smoke.yaml")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    subprocess.run(cli + ["train-detector", "--config", preset, "--data", str(smoke_world / "detector"),
+                          "--out", str(tmp_path / "detector")], check=True, env=env)
+    assert (tmp_path / "detector/detector.safetensors").is_file()
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs([client.get_experiment_by_name("vlbert-ablation-smoke").experiment_id])
+    assert "val_mAP50" in run.data.metrics and "loss" in run.data.metrics and run.data.tags["stage"] == "detector"
+    jobs = [("conceptual_captions", "train", False), ("conceptual_captions", "val", False),
+            ("vqa", "train2014", False), ("vqa", "val2014", False), ("vqa", "test-dev2015", False),
+            ("vcr", "train", True), ("vcr", "val", True), ("vcr", "test", True),
+            ("refcoco+", "all", False), ("refcoco+", "all", True)]
+    for dataset, split, gt in jobs:
+        out = tmp_path / f"{dataset}_{split}{'_gt' if gt else ''}.h5"
+        assert main(["extract-rois", "--config", preset, "--data", str(smoke_world), "--detector",
+                     str(tmp_path / "detector"), "--dataset", dataset, "--split", split, "--out", str(out),
+                     "--quiet"] + (["--gt-boxes"] if gt else [])) == 0
+        with FeatureStore(out) as store:
+            expected = {i.key for i in image_items(smoke_world / dataset, dataset, split, gt_boxes=gt)}
+            assert set(store.keys) == expected and store.attrs["num_skipped"] == 0

@@ -1,0 +1,107 @@
+"""The HDF5 feature store: one file per data set and split, every image's regions in flat arrays.
+
+Layout (rows of image i are offsets[i]:offsets[i+1]; row 0 of each image is the whole image):
+    keys [N] str, offsets [N+1] int64, width [N] int32, height [N] int32,
+    boxes [T, 4] float32 (x1 y1 x2 y2, pixels), labels [T] int64, probs [T, C+1] float32,
+    scores [T] float32, features [T, D] float32, box_ids [T] int64 (ground-truth mode: the VCR
+    object index or RefCOCO+ ann_id of each given box; -1 for the whole image and detections)
+Attributes: mode (detected | gt), feature_dim, class_names, rule, detector, skipped, ...
+
+Writing goes through shards (one .npz per batch, each written atomically) that are merged into the
+HDF5 file at the end, itself written under a temporary name and renamed: a killed extraction
+resumes from its shards and ends with the same file as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .. import io
+
+ARRAYS = ("boxes", "labels", "probs", "scores", "features", "box_ids")
+
+
+def write_shard(path, keys: list[str], results, skipped: list[tuple[str, str]]) -> None:
+    """One batch: its images' results (RoIResult-like) and the images skipped as unreadable."""
+    arrays = {name: np.concatenate([getattr(r, name) for r in results]) if results else np.zeros(0)
+              for name in ARRAYS}
+    with io.atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, keys=np.array(keys, dtype=str),
+                     counts=np.array([len(r.boxes) for r in results], dtype=np.int64),
+                     width=np.array([r.width for r in results], dtype=np.int32),
+                     height=np.array([r.height for r in results], dtype=np.int32),
+                     skipped=np.array(["\t".join(s) for s in skipped], dtype=str), **arrays)
+
+
+def merge_shards(shards: list[Path], out, attrs: dict) -> dict:
+    """Concatenate shards (in order) into the HDF5 file `out`, atomically. Returns a summary."""
+    parts = [np.load(s, allow_pickle=False) for s in shards]
+    loaded = [p for p in parts if len(p["keys"])]
+    keys = [k for p in loaded for k in p["keys"].tolist()]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{out}: duplicate image keys across shards")
+    counts = np.concatenate([p["counts"] for p in loaded]) if loaded else np.zeros(0, np.int64)
+    skipped = [s.split("\t", 1) for p in parts for s in p["skipped"].tolist()]
+    with io.atomic_path(out) as tmp:
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("keys", data=np.array(keys, dtype=object), dtype=h5py.string_dtype())
+            f.create_dataset("offsets", data=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+            for name in ("width", "height"):
+                f.create_dataset(name, data=np.concatenate([p[name] for p in loaded]) if loaded else np.zeros(0, np.int32))
+            for name in ARRAYS:
+                if loaded:
+                    f.create_dataset(name, data=np.concatenate([p[name] for p in loaded]))
+            for key, value in attrs.items():
+                f.attrs[key] = value if isinstance(value, (int, float, str)) else json.dumps(value)
+            f.attrs["skipped"] = json.dumps(skipped)
+            f.attrs["num_skipped"] = len(skipped)
+            f.attrs["num_images"] = len(keys)
+    return {"images": len(keys), "regions": int(counts.sum()), "skipped": len(skipped)}
+
+
+class FeatureStore:
+    """Read one feature file: `store[key]` gives that image's arrays; `store.keys` lists images."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"feature store not found: {self.path} (run `vlbert extract-rois`)")
+        self._file = h5py.File(self.path, "r")
+        self.keys = [k.decode() if isinstance(k, bytes) else k for k in self._file["keys"][()]]
+        self._index = {k: i for i, k in enumerate(self.keys)}
+        self._offsets = self._file["offsets"][()]
+        self.attrs = {k: v for k, v in self._file.attrs.items()}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+    def __getitem__(self, key: str) -> dict:
+        try:
+            i = self._index[key]
+        except KeyError:
+            raise KeyError(f"{self.path}: no image {key!r}") from None
+        start, end = self._offsets[i], self._offsets[i + 1]
+        item = {name: self._file[name][start:end] for name in ARRAYS}
+        item["width"], item["height"] = int(self._file["width"][i]), int(self._file["height"][i])
+        return item
+
+    @property
+    def skipped(self) -> list[list[str]]:
+        return json.loads(self.attrs.get("skipped", "[]"))
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,36 @@
+# The RoI detector and the feature stores every later stage reads.
+
+
+rule train_detector:
+    input:
+        data_outputs(["detector"]),
+    output:
+        weights=f"{RESULTS}/detector/detector.safetensors",
+        config=f"{RESULTS}/detector/detector_config.json",
+        metrics=f"{RESULTS}/detector/metrics.json",
+    log:
+        f"{RESULTS}/logs/train_detector.log",
+    params:
+        preset=preset_file(),
+    threads: workflow.cores
+    shell:
+        "vlbert train-detector --config {params.preset} --data {DATA}/detector "
+        "--out {RESULTS}/detector --threads {threads} > {log} 2>&1"
+
+
+rule extract_rois:
+    input:
+        data=lambda wc: data_outputs([wc.dataset]),
+        detector=rules.train_detector.output.weights,
+    output:
+        f"{RESULTS}/features/{{dataset}}.{{split}}.{{boxes}}.h5",
+    log:
+        f"{RESULTS}/logs/extract_rois/{{dataset}}.{{split}}.{{boxes}}.log",
+    params:
+        preset=preset_file(),
+        gt=lambda wc: "--gt-boxes" if wc.boxes == "gt" else "",
+    threads: workflow.cores
+    shell:
+        "vlbert extract-rois --config {params.preset} --data {DATA} --detector {RESULTS}/detector "
+        "--dataset '{wildcards.dataset}' --split {wildcards.split} {params.gt} --out {output} "
+        "--threads {threads} --quiet > {log} 2>&1"
