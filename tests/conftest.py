@@ -26,6 +26,18 @@ def smoke_world(smoke_config, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def smoke_detector(smoke_config, smoke_world, tmp_path_factory):
+    import torch
+    from vlbert.detection.train import train_detector
+    from vlbert.tracking import NullTracker
+    out = tmp_path_factory.mktemp("detector")
+    torch.set_num_threads(2)
+    metrics = train_detector(smoke_world / "detector", out, smoke_config["detector"], NullTracker())
+    assert 0 <= metrics["val_mAP50"] <= 1
+    return out
+
+
 @pytest.fixture
 def refcoco_fixture(tmp_path):
     """The hand-written RefCOCO+ fixture as REFER ships it: instances.json + a protocol-2 pickle."""

@@ -21,17 +21,6 @@ from vlbert.cli import main
 from vlbert.detection.sources import image_items
 
 
-@pytest.fixture(scope="session")
-def smoke_detector(smoke_config, smoke_world, tmp_path_factory):
-    from vlbert.detection.train import train_detector
-    from vlbert.tracking import NullTracker
-    out = tmp_path_factory.mktemp("detector")
-    torch.set_num_threads(2)
-    metrics = train_detector(smoke_world / "detector", out, smoke_config["detector"], NullTracker())
-    assert 0 <= metrics["val_mAP50"] <= 1
-    return out
-
-
 @pytest.fixture
 def backend(smoke_detector):
     model, config = load_detector(smoke_detector)

@@ -65,9 +65,13 @@ def merge_shards(shards: list[Path], out, attrs: dict) -> dict:
 
 
 class FeatureStore:
-    """Read one feature file: `store[key]` gives that image's arrays; `store.keys` lists images."""
+    """Read one feature file: `store[key]` gives that image's arrays; `store.keys` lists images.
 
-    def __init__(self, path):
+    With `preload`, every array is read into memory once and the file closed: fast random
+    access for training, and the store can be sent to DataLoader workers.
+    """
+
+    def __init__(self, path, preload: bool = False):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"feature store not found: {self.path} (run `vlbert extract-rois`)")
@@ -76,6 +80,10 @@ class FeatureStore:
         self._index = {k: i for i, k in enumerate(self.keys)}
         self._offsets = self._file["offsets"][()]
         self.attrs = {k: v for k, v in self._file.attrs.items()}
+        if preload:
+            names = ("width", "height") + tuple(n for n in ARRAYS if n in self._file)
+            self._file, file = {name: self._file[name][()] for name in names}, self._file
+            file.close()
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -98,7 +106,8 @@ class FeatureStore:
         return json.loads(self.attrs.get("skipped", "[]"))
 
     def close(self) -> None:
-        self._file.close()
+        if isinstance(self._file, h5py.File):
+            self._file.close()
 
     def __enter__(self):
         return self

@@ -1,0 +1,235 @@
+"""VL-BERT's model: the properties the paper's design promises, checked on the smoke detector."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from vlbert.detection.backends import TorchvisionBackend
+from vlbert.detection.model import CONFIG_FILE, load_detector
+from vlbert.detection.rules import BoxRule
+from vlbert.detection.sources import image_items
+from vlbert.detection.train import load_image
+from vlbert.modeling import (VLBertConfig, VLBertForPreTraining, VLBertForRefCOCO, VLBertForVCR,
+                             VLBertForVQA, VLBertProcessor)
+from vlbert.modeling.modeling_vlbert import VisualInputs
+from vlbert.modeling.processing_vlbert import Word, default_tokenizer_path, pad_batch
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return VLBertProcessor.from_pretrained()
+
+
+@pytest.fixture(scope="module")
+def regions(smoke_detector, smoke_world):
+    """Two VQA images with their regions (row 0 = whole image) and cached features."""
+    model, det_config = load_detector(smoke_detector)
+    items = image_items(smoke_world / "vqa", "vqa", "val2014")[:2]
+    images = [load_image(i.path) for i in items]
+    results = TorchvisionBackend(model, det_config, BoxRule(min_boxes=4, max_boxes=6)).extract(images, [None, None])
+    return images, results
+
+
+def make_config(smoke_detector, **overrides):
+    frcnn = json.loads((smoke_detector / CONFIG_FILE).read_text())
+    base = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                visual_feature_dim=frcnn["widths"][3], num_visual_classes=len(frcnn["class_names"]) + 1,
+                num_answers=5, frcnn=frcnn)
+    return VLBertConfig(**{**base, **overrides})
+
+
+def build(cls, smoke_detector, **overrides):
+    torch.manual_seed(0)
+    model = cls(make_config(smoke_detector, **overrides))
+    model.vlbert.fast_rcnn.load_detector_weights(smoke_detector)
+    return model.eval()
+
+
+def visual_inputs(images, results, cached=True, masked=None, order=None):
+    """Batch the regions; `order` permutes RoI rows 1.. of every image."""
+    boxes, features = [], []
+    for r in results:
+        rows = np.arange(len(r.boxes)) if order is None else np.concatenate([[0], 1 + np.asarray(order)])
+        boxes.append(torch.tensor(r.boxes[rows]))
+        features.append(torch.tensor(r.features[rows]))
+    rois = max(len(b) for b in boxes)
+    mask = torch.zeros(len(results), rois, dtype=torch.bool)
+    padded_boxes = torch.zeros(len(results), rois, 4)
+    padded_features = torch.zeros(len(results), rois, features[0].shape[1])
+    for k, (b, f) in enumerate(zip(boxes, features)):
+        mask[k, :len(b)], padded_boxes[k, :len(b)], padded_features[k, :len(f)] = True, b, f
+    sizes = torch.tensor([[r.width, r.height] for r in results])
+    return VisualInputs(padded_boxes, sizes, mask, padded_features if cached else None,
+                        None if cached else images, masked)
+
+
+def text_inputs(processor, results, text="a red circle next to a [MASK] square", text_b=None):
+    return pad_batch([processor.encode(text, text_b, num_rois=len(r.boxes) - 1) for r in results])
+
+
+def hidden(model, batch, visual, text_only=None):
+    keys = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "visual_index")
+    return model.vlbert(*(batch[k] for k in keys), visual=visual, text_only=text_only)
+
+
+# 1 ------------------------------------------------------------------------------------------
+
+def test_permuting_rois_permutes_roi_outputs_and_leaves_text_alone(smoke_detector, regions, processor):
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector)
+    n = min(len(r.boxes) for r in results) - 1
+    results = [type(r)(r.boxes[:n + 1], r.labels[:n + 1], r.probs[:n + 1], r.scores[:n + 1], r.features[:n + 1],
+                       r.width, r.height) for r in results]
+    batch = text_inputs(processor, results)
+    order = np.random.default_rng(0).permutation(n)
+    with torch.no_grad():
+        plain = hidden(model, batch, visual_inputs(images, results))
+        permuted = hidden(model, batch, visual_inputs(images, results, order=order))
+    text = batch["token_type_ids"] != 2
+    assert torch.allclose(plain[text], permuted[text], atol=1e-5)
+    roi = batch["roi_positions"][0, 1:]
+    assert torch.allclose(permuted[:, roi], plain[:, roi[order]], atol=1e-5)
+    assert not torch.allclose(permuted[:, roi], plain[:, roi], atol=1e-3)  # the permutation did something
+
+
+# 2 ------------------------------------------------------------------------------------------
+
+def test_masked_roi_pixels_cannot_leak(smoke_detector, regions, processor):
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector)
+    batch = text_inputs(processor, results)
+    masked = torch.zeros(2, max(len(r.boxes) for r in results), dtype=torch.bool)
+    masked[0, 2] = True
+    x1, y1, x2, y2 = results[0].boxes[2]
+    changed = [images[0].clone(), images[1]]
+    changed[0][:, int(y1):int(np.ceil(y2)), int(x1):int(np.ceil(x2))] = torch.rand(
+        3, int(np.ceil(y2)) - int(y1), int(np.ceil(x2)) - int(x1))
+    with torch.no_grad():
+        before = hidden(model, batch, visual_inputs(images, results, cached=False, masked=masked))
+        after = hidden(model, batch, visual_inputs(changed, results, cached=False, masked=masked))
+        unmasked_after = hidden(model, batch, visual_inputs(changed, results, cached=False))
+        unmasked_before = hidden(model, batch, visual_inputs(images, results, cached=False))
+    assert torch.equal(before, after)
+    assert not torch.allclose(unmasked_before, unmasked_after, atol=1e-4)  # without the mask, it would leak
+
+
+# 3 ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tune", [False, True])
+def test_tune_frcnn_decides_whether_gradients_reach_it(smoke_detector, regions, processor, tune):
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector, tune_frcnn=tune).train()
+    batch = text_inputs(processor, results)
+    out = model(**batch, visual=visual_inputs(images, results, cached=False),
+                mlm_labels=torch.where(batch["input_ids"] == processor.mask_id, 2003, -100))
+    out.loss.backward()
+    frcnn = list(model.vlbert.fast_rcnn.parameters())
+    reached = [p for p in frcnn if p.grad is not None and bool(p.grad.abs().sum() > 0)]
+    assert bool(reached) == tune
+    if tune:
+        conv_weights = [p for n, p in model.vlbert.fast_rcnn.named_parameters() if n.endswith("conv1.weight")]
+        assert all(p.grad is not None for p in conv_weights)
+    assert model.vlbert.visual_embeddings.projection.weight.grad is not None
+
+
+# 4 ------------------------------------------------------------------------------------------
+
+def test_cached_and_recomputed_features_agree_when_frozen_and_unmasked(smoke_detector, regions, processor):
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector)
+    batch = text_inputs(processor, results)
+    with torch.no_grad():
+        cached = hidden(model, batch, visual_inputs(images, results, cached=True))
+        recomputed = hidden(model, batch, visual_inputs(images, results, cached=False))
+    assert torch.allclose(cached, recomputed, atol=1e-5)
+
+
+def test_masked_rois_refuse_cached_features(smoke_detector, regions, processor):
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector)
+    masked = torch.zeros(2, max(len(r.boxes) for r in results), dtype=torch.bool)
+    masked[1, 1] = True
+    with pytest.raises(ValueError, match="recomputed from zeroed pixels"):
+        hidden(model, text_inputs(processor, results), visual_inputs(images, results, cached=True, masked=masked))
+
+
+# 5 ------------------------------------------------------------------------------------------
+
+def test_every_input_format_runs_through_its_head(smoke_detector, regions, processor):
+    images, results = regions
+    visual = visual_inputs(images, results)
+    rois = visual.boxes.shape[1]
+
+    pretraining = build(VLBertForPreTraining, smoke_detector)
+    text_only = pad_batch([processor.encode("a large red circle is hot because red things feel [MASK] .")] * 2)
+    out = pretraining(**text_only, mlm_labels=torch.where(text_only["input_ids"] == processor.mask_id, 2980, -100))
+    assert out.mlm_logits.shape == (2, 30522) and set(out.losses) == {"mlm"}   # the two [MASK]s only
+    assert pretraining(**text_only).mlm_logits.shape[:2] == text_only["input_ids"].shape
+
+    caption = text_inputs(processor, results)                                    # <Caption, Image>
+    roi_labels = torch.full((2, rois), -100)
+    roi_labels[:, 1] = 3
+    out = pretraining(**caption, visual=visual, roi_labels=roi_labels, relation_labels=torch.tensor([1.0, 0.0]),
+                      mlm_labels=torch.where(caption["input_ids"] == processor.mask_id, 2300, -100))
+    assert set(out.losses) == {"mlm", "masked_roi", "relation"} and torch.isfinite(out.loss)
+
+    vqa = build(VLBertForVQA, smoke_detector)                                    # <Question, [MASK], Image>
+    batch = text_inputs(processor, results, "what color is the circle ?", "[MASK]")
+    answer_positions = (batch["input_ids"] == processor.mask_id).int().argmax(1)
+    out = vqa(**batch, visual=visual, answer_positions=answer_positions, answer_scores=torch.rand(2, 5))
+    assert out.logits.shape == (2, 5) and torch.isfinite(out.loss)
+
+    vcr = build(VLBertForVCR, smoke_detector)                                    # <Question, Answer, Image>
+    question = [Word("how"), Word("does"), Word("circle", roi=1), Word("feel"), Word("?")]
+    encodings = [processor.encode(question, f"it feels {t} .", num_rois=len(results[0].boxes) - 1)
+                 for t in ("hot", "warm", "cool", "cold")]
+    one = visual_inputs(images[:1], results[:1])
+    four = VisualInputs(*(t.expand(4, *t.shape[1:]) for t in (one.boxes, one.image_sizes, one.roi_mask, one.features)))
+    out = vcr(**pad_batch(encodings), visual=four, labels=torch.tensor([0]))
+    assert out.logits.shape == (1, 4) and torch.isfinite(out.loss)
+    assert pad_batch(encodings)["visual_index"][0, 3] == 1                       # the referenced object's feature
+
+    ref = build(VLBertForRefCOCO, smoke_detector)                                # <Query, Image>
+    batch = text_inputs(processor, results, "the large red circle")
+    targets = torch.full((2, rois), -1)
+    targets[:, 1:3] = torch.tensor([1, 0])
+    out = ref(**batch, visual=visual, roi_targets=targets)
+    assert out.logits.shape == (2, rois) and torch.isinf(out.logits[:, 0]).all() and torch.isfinite(out.loss)
+
+
+# 6 ------------------------------------------------------------------------------------------
+
+def test_save_and_load_give_the_same_outputs(smoke_detector, regions, processor, tmp_path):
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector)
+    batch = text_inputs(processor, results)
+    model.save_pretrained(tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"model.safetensors", "config.json"}
+    loaded = VLBertForPreTraining.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(hidden(model, batch, visual_inputs(images, results)),
+                           hidden(loaded, batch, visual_inputs(images, results)))
+        assert torch.equal(model(**batch, visual=visual_inputs(images, results)).mlm_logits,
+                           loaded(**batch, visual=visual_inputs(images, results)).mlm_logits)
+    assert loaded.mlm.predictions.decoder.weight is loaded.vlbert.bert.embeddings.word_embeddings.weight
+    # A pre-training checkpoint starts a task model: encoder loaded, task head new.
+    vqa = VLBertForVQA.from_pretrained(tmp_path, num_answers=5)
+    assert torch.equal(vqa.vlbert.visual_embeddings.projection.weight, model.vlbert.visual_embeddings.projection.weight)
+
+
+def test_loading_bert_reports_only_visual_and_head_parameters_as_new(smoke_detector):
+    bert = json.loads((default_tokenizer_path() / "config.json").read_text())
+    model = build(VLBertForPreTraining, smoke_detector, **{k: bert[k] for k in (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")})
+    report = model.load_bert(default_tokenizer_path())
+    new = report["new"]
+    assert "vlbert.bert.embeddings.token_type_embeddings.weight[segment C]" in new
+    heads = ("vlbert.visual_embeddings.", "mlm.predictions.transform.", "roi_head.", "relation_head.")
+    assert all(n.startswith(heads) for n in new if "segment C" not in n), new
+    assert "vlbert.visual_embeddings.projection.weight" in new and "roi_head.classifier.weight" in new
+    assert "vlbert.bert.encoder.layer.0.attention.self.query.weight" in report["loaded"]
+    from transformers import BertModel
+    reference = BertModel.from_pretrained(str(default_tokenizer_path()), add_pooling_layer=False)
+    assert torch.equal(model.vlbert.bert.encoder.layer[5].output.dense.weight, reference.encoder.layer[5].output.dense.weight)

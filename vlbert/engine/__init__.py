@@ -1,0 +1,1 @@
+"""Training: BERT initialisation, pre-training, fine-tuning; loops, optimisers, checkpoints."""

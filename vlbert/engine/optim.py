@@ -1,0 +1,46 @@
+"""Optimisers and learning-rate schedules from a preset's section (the paper's, by default).
+
+Pre-training, VQA and RefCOCO+: AdamW, linear warm-up then linear decay. VCR: SGD with momentum,
+linear warm-up, then the rate divided by 10 at each of `step_epochs`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight", "mask_embedding", "text_only_embedding")
+
+
+def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) -> torch.optim.Optimizer:
+    lr = lr if lr is not None else options["lr"]
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if name.endswith(NO_DECAY) or param.ndim == 1 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": options.get("weight_decay", 1e-4)},
+              {"params": no_decay, "weight_decay": 0.0}]
+    kind = options.get("optimizer", "adamw")
+    if kind == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=options.get("momentum", 0.9))
+    raise ValueError(f"unknown optimizer {kind!r}")
+
+
+def build_scheduler(optimizer, options: dict, total_steps: int, steps_per_epoch: int):
+    warmup = min(int(options.get("warmup_steps", 0)), max(0, total_steps - 1))
+    schedule = options.get("schedule", "linear_decay")
+    step_epochs = [int(e) for e in options.get("step_epochs", [])]
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "linear_decay":
+            return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+        epoch = step // max(1, steps_per_epoch)
+        return 0.1 ** sum(epoch >= e for e in step_epochs)
+
+    if schedule not in ("linear_decay", "step"):
+        raise ValueError(f"unknown schedule {schedule!r}")
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

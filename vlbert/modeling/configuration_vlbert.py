@@ -1,0 +1,44 @@
+"""VL-BERT configuration: transformers' BertConfig plus the visual settings."""
+
+from __future__ import annotations
+
+from transformers import BertConfig
+
+# BERT's uncased WordPiece vocabulary reserves [unused0..993]; VL-BERT's two new tokens take the
+# first two, so a BERT checkpoint's embedding matrix is used as it is (no resize, no new rows).
+IMG_TOKEN = "[unused0]"
+END_TOKEN = "[unused1]"
+SEGMENT_A, SEGMENT_B, SEGMENT_IMAGE = 0, 1, 2
+
+
+class VLBertConfig(BertConfig):
+    """
+    visual_feature_dim: size of a RoI's appearance feature (the detector's pooled C5 output).
+    geometry_wavelengths: sin/cos wave-lengths per box coordinate; the geometry embedding has
+        4 * 2 * geometry_wavelengths dimensions.
+    num_visual_classes: detector classes including background (masked RoI classification).
+    num_answers: VQA answer vocabulary size (0 when there is no VQA head).
+    frcnn: the detector's config (DetectorConfig.to_json()); None: features always come cached.
+    tune_frcnn: whether the Fast R-CNN module receives gradients.
+    """
+
+    model_type = "vlbert"
+
+    def __init__(self, visual_feature_dim: int = 128, geometry_wavelengths: int = 8,
+                 num_visual_classes: int = 7, num_answers: int = 0, frcnn: dict | None = None,
+                 tune_frcnn: bool = False, img_token_id: int = 1, end_token_id: int = 2,
+                 type_vocab_size: int = 3, **kwargs):
+        kwargs.setdefault("attn_implementation", "sdpa")
+        super().__init__(type_vocab_size=type_vocab_size, **kwargs)
+        self.visual_feature_dim = visual_feature_dim
+        self.geometry_wavelengths = geometry_wavelengths
+        self.num_visual_classes = num_visual_classes
+        self.num_answers = num_answers
+        self.frcnn = frcnn
+        self.tune_frcnn = tune_frcnn
+        self.img_token_id = img_token_id
+        self.end_token_id = end_token_id
+
+    @property
+    def geometry_dim(self) -> int:
+        return 8 * self.geometry_wavelengths

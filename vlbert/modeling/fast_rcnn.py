@@ -1,0 +1,91 @@
+"""The Fast R-CNN module inside VL-BERT: backbone to C4, RoIAlign, C5 head.
+
+Built from the same pieces as the RoI detector (vlbert.detection.model) and initialised from its
+weights, so with the module frozen and nothing masked it reproduces the cached features of the
+HDF5 store. A masked RoI has its pixels zeroed before the backbone, so nothing inside it can
+reach any output. BatchNorm stays frozen (running statistics, no affine updates), as is usual
+when fine-tuning a detector with small batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
+from torchvision.ops import MultiScaleRoIAlign
+
+from ..detection.model import WEIGHTS_FILE, C4Backbone, C5Head, DetectorConfig
+
+# torchvision's Faster R-CNN normalisation (ImageNet statistics).
+IMAGE_MEAN, IMAGE_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def zero_boxes(image: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """A copy of image [3, H, W] with every pixel that any box touches set to 0."""
+    image = image.clone()
+    height, width = image.shape[1:]
+    for x1, y1, x2, y2 in boxes.tolist():
+        left, top = max(0, math.floor(x1)), max(0, math.floor(y1))
+        right, bottom = min(width, math.ceil(x2)), min(height, math.ceil(y2))
+        image[:, top:bottom, left:right] = 0
+    return image
+
+
+class FastRCNN(nn.Module):
+    def __init__(self, config: DetectorConfig, trainable: bool = False):
+        super().__init__()
+        self.config = config
+        self.transform = GeneralizedRCNNTransform(config.image_size, config.image_size, IMAGE_MEAN, IMAGE_STD)
+        self.backbone = C4Backbone(config)
+        self.roi_align = MultiScaleRoIAlign(["0"], output_size=config.roi_size, sampling_ratio=2)
+        self.head = C5Head(config)
+        self.trainable = trainable
+        for module in self.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.weight.requires_grad_(False)
+                module.bias.requires_grad_(False)
+        if not trainable:
+            self.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for module in self.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.eval()
+        return self
+
+    def load_detector_weights(self, detector_dir) -> None:
+        """Take the backbone and C5 head from a `vlbert train-detector` folder."""
+        self.load_detector_state(load_file(str(Path(detector_dir) / WEIGHTS_FILE)), str(detector_dir))
+
+    def load_detector_state(self, state: dict, source: str = "detector") -> None:
+        """Take the backbone and C5 head from a Faster R-CNN state dict (vlbert.detection.model)."""
+        picked = {f"backbone.{k[len('backbone.'):]}": v for k, v in state.items() if k.startswith("backbone.")}
+        picked |= {f"head.{k[len('roi_heads.box_head.'):]}": v for k, v in state.items()
+                   if k.startswith("roi_heads.box_head.")}
+        missing, unexpected = self.load_state_dict(picked, strict=False)
+        missing = [k for k in missing if not k.startswith(("transform.", "roi_align."))]
+        if missing or unexpected:
+            raise ValueError(f"{source}: detector weights do not fit the Fast R-CNN module "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+    def forward(self, images: list[torch.Tensor], boxes: list[torch.Tensor],
+                masked: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """images: float RGB [3, H, W] in [0, 1]; boxes: per image [R_i, 4] x1y1x2y2 in its pixels;
+        masked: per image [R_i] bool, the RoIs whose pixels are zeroed. Returns per image [R_i, D]."""
+        if masked is not None:
+            images = [zero_boxes(image, b[m]) if bool(m.any()) else image
+                      for image, b, m in zip(images, boxes, masked)]
+        with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
+            image_list, _ = self.transform(images)
+            features = OrderedDict([("0", self.backbone(image_list.tensors)["0"])])
+            scaled = [b * torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=b.device)
+                      for b, r, i in zip(boxes, image_list.image_sizes, images)]
+            pooled = self.roi_align(features, scaled, image_list.image_sizes)
+            out = self.head(pooled)
+        return list(out.split([len(b) for b in boxes]))

