@@ -45,3 +45,35 @@ def refcoco_fixture(tmp_path):
     shutil.copy(FIXTURES / "refcoco" / "instances.json", tmp_path / "instances.json")
     (tmp_path / "refs(unc).p").write_bytes(pickle.dumps(REFS, protocol=2))
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def smoke_study(smoke_config, smoke_world, smoke_detector, tmp_path_factory):
+    """What training needs on the smoke preset: data, detector, every feature store, the BERT init."""
+    from vlbert.cli import main
+    from vlbert.detection.backends import TorchvisionBackend
+    from vlbert.detection.extract import extract_to_store
+    from vlbert.detection.model import load_detector
+    from vlbert.detection.rules import BoxRule
+    from vlbert.detection.sources import image_items
+    root = tmp_path_factory.mktemp("smoke_study")
+    model, det_config = load_detector(smoke_detector)
+    backend = TorchvisionBackend(model, det_config, BoxRule())
+    stores = [("conceptual_captions", "train", "det"), ("conceptual_captions", "val", "det"),
+              ("vqa", "train2014", "det"), ("vqa", "val2014", "det"), ("vqa", "test-dev2015", "det"),
+              ("vcr", "train", "gt"), ("vcr", "val", "gt"), ("vcr", "test", "gt"),
+              ("refcoco+", "all", "det"), ("refcoco+", "all", "gt")]
+    for dataset, split, boxes in stores:
+        items = image_items(smoke_world / dataset, dataset, split, gt_boxes=boxes == "gt")
+        extract_to_store(backend, items, root / "features" / f"{dataset}.{split}.{boxes}.h5", progress=False)
+    assert main(["bert-init", "--config", str(REPO / "experiments/smoke.yaml"), "--data", str(smoke_world),
+                 "--out", str(root / "bert_init"), "--quiet", "--no-tracking"]) == 0
+    paths = {"root": root, "data": smoke_world, "detector": smoke_detector, "features": root / "features",
+             "bert": root / "bert_init" / "bert", "preset": REPO / "experiments/smoke.yaml"}
+    return paths
+
+
+def study_args(study, *extra):
+    """CLI arguments that point a training verb at the smoke study's files."""
+    return ["--config", str(study["preset"]), "--data", str(study["data"]), "--features", str(study["features"]),
+            "--detector", str(study["detector"]), "--bert", str(study["bert"]), "--quiet", "--no-tracking", *extra]

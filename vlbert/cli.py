@@ -76,6 +76,108 @@ def _extract_rois(args) -> int:
     return 0
 
 
+def _training_context(args, stage: str, tags: dict):
+    """Shared by the training verbs: preset, threads, device, processor, MLflow tracker."""
+    import torch
+
+    from .config import load_config
+    from .engine.build import load_processor
+    from .engine.distributed import init_from_environment, is_main_process
+    from .tracking import NullTracker, make_tracker
+
+    config = load_config(args.config, check_paths_exist=True)
+    if getattr(args, "data", None):
+        config["data"]["root"] = args.data
+    torch.set_num_threads(args.threads)
+    device = init_from_environment(args.device)
+    results = Path("results") / config["name"]
+    bert = getattr(args, "bert", None) or config["model"].get("bert") or results / "bert_init" / "bert"
+    if isinstance(bert, str) and Path(bert).exists():
+        bert = Path(bert)
+    # bert-init makes the BERT: it starts from BERT's uncased WordPiece vocabulary alone.
+    processor = load_processor(None if stage == "bert_init" else bert, config["model"].get("max_text_length", 64))
+    tracker = (make_tracker(config, args.run_name or f"{stage}-{'-'.join(str(v) for v in tags.values())}",
+                            {"stage": stage, **tags}, enabled=not args.no_tracking) if is_main_process() else NullTracker())
+    if is_main_process():
+        tracker.log_params({"preset": config})
+    return config, device, results, bert, processor, tracker
+
+
+def _run_tracked(tracker, out: Path, work):
+    """Run `work`; log its output folder's metrics.json and best checkpoint; close the run."""
+    from .engine.distributed import shutdown
+    try:
+        result = work()
+    except BaseException:
+        tracker.close("FAILED")
+        shutdown()
+        raise
+    for name in ("metrics.json", "best"):
+        if (out / name).exists():
+            tracker.log_artifact(out / name, None if name == "metrics.json" else "checkpoint")
+    tracker.close()
+    shutdown()
+    return result
+
+
+def _bert_init(args) -> int:
+    from .engine.bert_init import bert_init
+    from .io import write_json
+
+    config, device, results, _, processor, tracker = _training_context(args, "bert_init", {})
+    if "bert_init" not in config:
+        raise ValueError(f"{args.config}: bert_init: missing required key (the paper preset names a BERT "
+                         "checkpoint in model.bert instead)")
+    out = Path(args.out)
+
+    def work():
+        summary = bert_init(config, Path(config["data"]["root"]) / "text_corpus" / "corpus.txt", out, tracker,
+                            processor, progress=not args.quiet)
+        write_json(out / "metrics.json", summary, indent=2)
+        return summary
+    _run_tracked(tracker, out, work)
+    print(f"bert-init: {out / 'bert'}")
+    return 0
+
+
+def _pretrain(args) -> int:
+    from .engine.pretrain import pretrain
+    from .io import write_json
+    from .study.registry import setting
+
+    chosen = setting(args.setting)
+    config, device, results, bert, processor, tracker = _training_context(args, "pretrain", {"setting": chosen.name})
+    out = Path(args.out)
+
+    def work():
+        summary = pretrain(config, chosen, bert, args.detector or results / "detector", config["data"]["root"],
+                           args.features or results / "features", out, tracker, processor, device, not args.quiet)
+        write_json(out / "metrics.json", summary, indent=2)
+        return summary
+    summary = _run_tracked(tracker, out, work)
+    print(f"pretrain {chosen.name}: {summary.get('val', {})} -> {out / 'best'}")
+    return 0
+
+
+def _finetune(args) -> int:
+    from .engine.finetune import finetune
+    from .study.registry import setting
+
+    chosen = setting(args.setting)
+    config, device, results, bert, processor, tracker = _training_context(
+        args, "finetune", {"setting": chosen.name, "task": args.task, "seed": args.seed, "lr": args.lr})
+    out = Path(args.out)
+    pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
+    metrics = _run_tracked(tracker, out, lambda: finetune(
+        config, chosen, args.task, args.lr, args.seed, out, config["data"]["root"], args.features or results / "features",
+        tracker, processor, pretrained=pretrained, bert=bert, detector_dir=args.detector or results / "detector",
+        device=device, progress=not args.quiet))
+    if metrics:
+        print(f"finetune {chosen.name}/{args.task}: val {metrics['val']['accuracy']:.2f} (epoch {metrics['best_epoch']}), "
+              f"test {metrics['test']['accuracy']:.2f}")
+    return 0
+
+
 def _write_result(result: dict, out) -> None:
     if out:
         from .io import write_json
@@ -158,6 +260,16 @@ def _add_runtime_arguments(p) -> None:
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
 
 
+def _add_training_arguments(p) -> None:
+    p.add_argument("--data", help="data root (default: the preset's data.root)")
+    p.add_argument("--features", help="feature stores folder (default: results/<preset>/features)")
+    p.add_argument("--detector", help="detector folder (default: results/<preset>/detector)")
+    p.add_argument("--bert", help="BERT checkpoint (default: the preset's model.bert, else results/<preset>/bert_init/bert)")
+    p.add_argument("--run-name", help="MLflow run name")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_runtime_arguments(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlbert", description="VL-BERT pre-training ablation study (ICLR 2020, Table 4).")
@@ -203,6 +315,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_arguments(p)
     p.set_defaults(func=_extract_rois)
 
+    from .study.registry import SETTINGS, TASKS
+
+    p = verbs.add_parser("bert-init", help="pre-train the small BERT on the text corpus (embedded default)",
+                         description="Text-only masked language modelling of a small BERT on the synthetic text "
+                                     "corpus: the embedded default's stand-in for BERT's own pre-training.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True, help="output folder; the checkpoint lands in OUT/bert")
+    _add_training_arguments(p)
+    p.set_defaults(func=_bert_init)
+
+    p = verbs.add_parser("pretrain", help="pre-train one setting of the ablation",
+                         description="Pre-train VL-BERT with one setting's tasks (DESIGN.md section 1). "
+                                     "Re-running the same command resumes from the last checkpoint.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--setting", required=True, choices=[s for s in SETTINGS if s != "no_pretrain"])
+    p.add_argument("--out", required=True, help="output folder (checkpoint/, best/, metrics.json)")
+    _add_training_arguments(p)
+    p.set_defaults(func=_pretrain)
+
+    p = verbs.add_parser("finetune", help="fine-tune one setting on one task",
+                         description="Fine-tune on a task with one learning rate and seed: per-epoch validation, "
+                                     "best epoch kept, test scored once; predictions in the official formats.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--setting", required=True, choices=list(SETTINGS))
+    p.add_argument("--task", required=True, choices=list(TASKS))
+    p.add_argument("--lr", required=True, type=float)
+    p.add_argument("--seed", required=True, type=int)
+    p.add_argument("--out", required=True)
+    p.add_argument("--pretrained", help="pre-trained checkpoint (default: results/<preset>/pretrain/<setting>/best)")
+    _add_training_arguments(p)
+    p.set_defaults(func=_finetune)
+
     p = verbs.add_parser("evaluate", help="score predictions with the official metrics",
                          description="Score predictions in the official result formats.")
     tasks = p.add_subparsers(dest="task", required=True, metavar="<task>")
@@ -229,11 +373,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from .config import ConfigError
     from .data.errors import DataFormatError
+    from .tracking import TrackingStoreError
 
     args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # our own bars say what is going on
     try:
         return args.func(args)
-    except (ConfigError, DataFormatError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, DataFormatError, FileNotFoundError, ValueError, TrackingStoreError, ImportError) as exc:
         print(f"vlbert {args.verb}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -7,9 +7,14 @@ fails in the first second, not after an hour of training.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Protocol
+
+
+class TrackingStoreError(RuntimeError):
+    """The MLflow tracking store cannot be reached or refuses the run."""
 
 
 class Tracker(Protocol):
@@ -50,9 +55,15 @@ def git_commit() -> str:
         return "unknown"
 
 
+_MLFLOW_UNSAFE = re.compile(r"[^\w\-. :/]")
+
+
 def _flatten(params: dict, prefix: str = "") -> dict:
+    """Nested dicts to dotted keys; characters MLflow refuses in names (the '+' of 'refcoco+')
+    become '_'."""
     flat = {}
     for key, value in params.items():
+        key = _MLFLOW_UNSAFE.sub("_", str(key))
         if isinstance(value, dict):
             flat.update(_flatten(value, f"{prefix}{key}."))
         else:
@@ -62,8 +73,7 @@ def _flatten(params: dict, prefix: str = "") -> dict:
 
 class MLflowTracker:
     def __init__(self, uri: str, experiment: str, run_name: str, tags: dict,
-                 parent_run_id: str | None = None):
-        import mlflow
+                 parent_run_id: str | None = None, system_metrics: bool = True):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
@@ -71,14 +81,19 @@ class MLflowTracker:
             found = self.client.get_experiment_by_name(experiment)
             experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         except Exception as exc:  # the store's own errors vary by backend; all mean "unreachable"
-            raise RuntimeError(f"MLflow tracking store {uri!r} cannot be reached: {exc}") from exc
+            raise TrackingStoreError(f"MLflow tracking store {uri!r} cannot be reached: {exc}") from exc
         tags = {"git_commit": git_commit(), **tags}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         self.run = self.client.create_run(experiment_id, run_name=run_name,
                                           tags={k: str(v) for k, v in tags.items()})
         self.run_id = self.run.info.run_id
-        self._mlflow = mlflow
+        self._system = None
+        if system_metrics:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+            # CPU, memory, disk, network (and GPU where there is one), every 10 s, as system/*.
+            self._system = SystemMetricsMonitor(self.run_id, sampling_interval=10, tracking_uri=uri)
+            self._system.start()
 
     def log_params(self, params: dict) -> None:
         from mlflow.entities import Param
@@ -105,6 +120,8 @@ class MLflowTracker:
             self.client.set_tag(self.run_id, key, str(value))
 
     def close(self, status: str = "FINISHED") -> None:
+        if self._system is not None:
+            self._system.finish()
         self.client.set_terminated(self.run_id, status=status)
 
 

@@ -159,7 +159,13 @@ class VLBertPreTrainedModel(nn.Module):
         Returns {"loaded": [...], "new": [...], "ignored": [...]}: "new" must be only visual and
         head parameters (and segment C, the third row of token_type_embeddings).
         """
-        bert = BertModel.from_pretrained(str(checkpoint), add_pooling_layer=False)
+        from transformers.utils import logging as hf_logging
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # we report what was new ourselves, below
+        try:
+            bert = BertModel.from_pretrained(str(checkpoint), add_pooling_layer=False)
+        finally:
+            hf_logging.set_verbosity(verbosity)
         state = bert.state_dict()
         segments = state.pop("embeddings.token_type_embeddings.weight")
         own = self.vlbert.bert.state_dict()

@@ -1,0 +1,62 @@
+"""Benchmark: training throughput of every stage on the mini preset, and time spent waiting for data.
+
+Runs the real pre-training and fine-tuning code (vlbert.engine) for a fixed number of steps and
+prints examples per second and the share of step time the loop waited for its next batch
+(target: under 10%). Needs the mini study's data, detector, feature stores and BERT init
+(`make reproduce`, or the workflow's stages up to bert_init).
+
+    python bench/train_step.py [--config experiments/mini.yaml] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vlbert.config import load_config
+from vlbert.engine.build import load_processor
+from vlbert.engine.finetune import finetune
+from vlbert.engine.pretrain import pretrain
+from vlbert.study.registry import SETTINGS, TASKS
+from vlbert.tracking import NullTracker
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="experiments/mini.yaml")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--settings", nargs="+", default=["a", "b", "c", "d", "full"])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    preset = load_config(args.config)
+    results = Path("results") / preset["name"]
+    bert = results / "bert_init" / "bert"
+    processor = load_processor(bert, preset["model"].get("max_text_length", 64))
+    common = dict(data_root=preset["data"]["root"], features_dir=results / "features", tracker=NullTracker(),
+                  processor=processor, progress=False, max_steps=args.steps)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.settings:
+            speed = pretrain(preset, SETTINGS[name], bert, results / "detector", out=Path(scratch) / f"pretrain_{name}",
+                             **common)
+            rows.append((f"pretrain {name}", preset["pretrain"]["batch_size"], speed))
+        for task in args.tasks:
+            speed = finetune(preset, SETTINGS["no_pretrain"], task, 1e-3, 0, Path(scratch) / f"finetune_{task}",
+                             bert=bert, detector_dir=results / "detector", **common)
+            key = {"vqa": "vqa", "refcoco_det": "refcoco", "refcoco_gt": "refcoco"}.get(task, "vcr")
+            rows.append((f"finetune {task}", preset["finetune"][key]["batch_size"], speed))
+    print(f"{preset['name']} preset, {args.steps} steps each, {args.threads} threads")
+    print(f"{'stage':24} {'batch':>5} {'examples/s':>11} {'data wait':>10}")
+    for stage, batch, speed in rows:
+        print(f"{stage:24} {batch:5d} {speed['examples_per_second']:11.1f} {100 * speed['data_wait_share']:9.1f}%")
+    worst = max(speed["data_wait_share"] for _, _, speed in rows)
+    print(f"largest data-wait share (target < 10%): {100 * worst:.1f}%")
+
+
+if __name__ == "__main__":
+    main()

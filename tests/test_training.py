@@ -1,0 +1,269 @@
+"""Training: BERT init, the pre-training settings, fine-tuning with the evaluation protocol,
+MLflow runs, crash-safe resume, determinism, non-finite losses, DDP."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from conftest import REPO, study_args
+from vlbert.cli import main
+from vlbert.engine.optim import build_optimizer, build_scheduler
+from vlbert.study.registry import SETTINGS
+
+
+def _metrics(path):
+    metrics = json.loads((path / "metrics.json").read_text())
+    metrics.pop("data_wait_share")
+    return metrics
+
+
+# ---- optimisers and schedules ----------------------------------------------------------------
+
+def test_linear_warmup_then_linear_decay():
+    model = torch.nn.Linear(2, 2)
+    optimizer = build_optimizer(model, {"optimizer": "adamw", "lr": 1.0})
+    scheduler = build_scheduler(optimizer, {"warmup_steps": 4, "schedule": "linear_decay"}, 20, 10)
+    rates = []
+    for _ in range(20):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0]) and rates[4] == pytest.approx(1.0)
+    assert rates[12] == pytest.approx(0.5) and rates[-1] == pytest.approx(1 / 16)
+
+
+def test_sgd_step_decay_for_vcr():
+    model = torch.nn.Linear(2, 2)
+    optimizer = build_optimizer(model, {"optimizer": "sgd", "lr": 2.0, "momentum": 0.9})
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["momentum"] == 0.9
+    scheduler = build_scheduler(optimizer, {"warmup_steps": 0, "schedule": "step", "step_epochs": [2, 3]}, 40, 10)
+    rates = []
+    for _ in range(40):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates[0] == rates[19] == 2.0 and rates[20] == pytest.approx(0.2) and rates[30] == pytest.approx(0.02)
+
+
+def test_biases_and_norms_get_no_weight_decay():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    decay, no_decay = build_optimizer(model, {"lr": 1.0, "weight_decay": 0.1}).param_groups
+    assert len(decay["params"]) == 1 and decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+
+
+# ---- the stages ------------------------------------------------------------------------------
+
+def test_bert_init_checkpoint_loads_into_vlbert(smoke_study):
+    from vlbert.engine.build import build_model
+    from vlbert.modeling import VLBertForPreTraining
+    model, report = build_model(VLBertForPreTraining, {}, smoke_study["bert"], smoke_study["detector"])
+    assert report["new"] and all(n.startswith(("vlbert.visual_embeddings.", "mlm.", "roi_head.", "relation_head."))
+                                 for n in report["new"] if "segment C" not in n)
+
+
+EXPECTED_LOSSES = {
+    "a": {"mlm"},
+    "b": {"mlm", "masked_roi"},
+    "c": {"mlm", "masked_roi", "relation"},
+    "d": {"mlm", "masked_roi", "text_mlm"},
+    "full": {"mlm", "masked_roi", "text_mlm"},
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_LOSSES))
+def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
+    from vlbert.engine.build import load_processor
+    from vlbert.engine.pretrain import pretrain
+    from vlbert.tracking import NullTracker
+
+    class Recorder(NullTracker):
+        seen = set()
+
+        def log_metrics(self, metrics, step=None):
+            self.seen |= {k[len("loss_"):] for k in metrics if k.startswith("loss_")}
+
+    tracker = Recorder()
+    out = smoke_study["root"] / "pretrain" / name
+    summary = pretrain(smoke_config, SETTINGS[name], smoke_study["bert"], smoke_study["detector"], smoke_study["data"],
+                       smoke_study["features"], out, tracker, load_processor(smoke_study["bert"], 40), progress=False)
+    assert tracker.seen == EXPECTED_LOSSES[name]
+    assert (out / "best" / "model.safetensors").is_file() and 0 <= summary["val"]["mlm_accuracy"] <= 100
+    config = json.loads((out / "best" / "config.json").read_text())
+    assert config["tune_frcnn"] is SETTINGS[name].tune_frcnn
+
+
+def test_tune_frcnn_changes_the_fast_rcnn_only_in_full(smoke_study):
+    from safetensors.torch import load_file
+    from vlbert.detection.model import WEIGHTS_FILE
+    detector = load_file(str(smoke_study["detector"] / WEIGHTS_FILE))
+    key = "backbone.layer3.0.conv1.weight"
+    for name, tuned in (("b", False), ("full", True)):
+        path = smoke_study["root"] / "pretrain" / name / "best" / "model.safetensors"
+        if not path.exists():
+            pytest.skip("runs after the pre-training tests")
+        weights = load_file(str(path))
+        assert torch.equal(weights[f"vlbert.fast_rcnn.{key}"], detector[key]) is not tuned
+
+
+@pytest.mark.parametrize("task", ["vqa", "vcr_q2a", "vcr_qa2r", "refcoco_det", "refcoco_gt"])
+def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tmp_path, capsys):
+    out = tmp_path / task
+    lr = "0.02" if task.startswith("vcr") else "0.001"
+    assert main(["finetune", "--setting", "no_pretrain", "--task", task, "--lr", lr, "--seed", "0", "--out", str(out),
+                 *study_args(smoke_study)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["setting"] == "no_pretrain" and metrics["task"] == task and metrics["seed"] == 0
+    assert metrics["lr"] == float(lr) and metrics["epochs"] == 1 and metrics["best_epoch"] == 1
+    assert len(metrics["val_history"]) == 1 and metrics["val"]["accuracy"] == metrics["val_history"][0]["accuracy"]
+    data = smoke_study["data"]
+    capsys.readouterr()
+    if task == "vqa":
+        assert main(["evaluate", "vqa", "--questions", str(data / "vqa/v2_OpenEnded_mscoco_test-dev2015_questions.json"),
+                     "--annotations", str(data / "vqa/v2_mscoco_test-dev2015_annotations.json"),
+                     "--predictions", str(out / "predictions_test.json")]) == 0
+        assert f"VQA accuracy: {metrics['test']['accuracy']:.2f}" in capsys.readouterr().out
+    elif task.startswith("vcr"):
+        assert main(["evaluate", "vcr", "--annotations", str(data / "vcr/test.jsonl"),
+                     "--predictions", str(out / "predictions_test.json")]) == 0
+        key = "q2a" if task == "vcr_q2a" else "qa2r"
+        assert f"{key}: {metrics['test']['accuracy']:.2f}" in capsys.readouterr().out
+    else:
+        assert main(["evaluate", "refcoco", "--root", str(data / "refcoco+"),
+                     "--predictions", str(out / "predictions_test.json")]) == 0
+        printed = capsys.readouterr().out
+        assert f"testA: {metrics['test']['accuracy_testA']:.2f}" in printed
+        assert f"testB: {metrics['test']['accuracy_testB']:.2f}" in printed
+
+
+def test_finetune_from_a_pretrained_setting(smoke_study, tmp_path):
+    pretrained = smoke_study["root"] / "pretrain" / "full" / "best"
+    if not pretrained.exists():
+        pytest.skip("runs after the pre-training tests")
+    assert main(["finetune", "--setting", "full", "--task", "refcoco_det", "--lr", "0.001", "--seed", "1",
+                 "--out", str(tmp_path), "--pretrained", str(pretrained), *study_args(smoke_study)]) == 0
+    assert json.loads((tmp_path / "metrics.json").read_text())["setting"] == "full"
+
+
+# ---- determinism and crash safety ------------------------------------------------------------
+
+def test_same_seed_same_metrics(smoke_study, tmp_path):
+    for run in ("one", "two"):
+        assert main(["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "--lr", "0.02", "--seed", "3",
+                     "--out", str(tmp_path / run), *study_args(smoke_study)]) == 0
+    assert _metrics(tmp_path / "one") == _metrics(tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
+    preset = yaml.safe_load(smoke_study["preset"].read_text())
+    preset["finetune"]["vqa"]["epochs"] = 8            # 4 epochs of 12 batches: time to be killed mid-epoch
+    preset["training"]["checkpoint_every"] = 5
+    preset_path = tmp_path / "smoke_long.yaml"
+    preset_path.write_text(yaml.safe_dump(preset))
+    study = {**smoke_study, "preset": preset_path}
+    command = [sys.executable, "-m", "vlbert.cli", "finetune", "--setting", "no_pretrain", "--task", "vqa",
+               "--lr", "0.001", "--seed", "0", *study_args(study), "--threads", "1"]
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(command + ["--out", str(killed)])
+    deadline = time.time() + 180
+    while not (killed / "checkpoint" / "state.pt").exists():
+        assert process.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    state = torch.load(killed / "checkpoint" / "state.pt", weights_only=True)["position"]
+    assert state["batch"] > 0 and not (killed / "metrics.json").exists()      # killed mid-epoch
+    subprocess.run(command + ["--out", str(killed)], check=True)
+    subprocess.run(command + ["--out", str(tmp_path / "straight")], check=True)
+    assert _metrics(killed) == _metrics(tmp_path / "straight")
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path):
+    from vlbert.engine.loop import LoopConfig, TrainingLoop
+    from vlbert.tracking import NullTracker
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 1)
+
+        def save_pretrained(self, folder):
+            from safetensors.torch import save_file
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file(self.state_dict(), str(folder / "model.safetensors"))
+
+    model = Tiny()
+    optimizer = build_optimizer(model, {"lr": 0.1})
+    scheduler = build_scheduler(optimizer, {}, 20, 10)
+    make_batch = lambda epoch, b: {"x": torch.ones(1, 2), "poison": epoch * 10 + b == 6}
+
+    def loss_fn(model, batch):
+        loss = model.linear(batch["x"]).sum() * (math.nan if batch["poison"] else 1.0)
+        return loss, {}
+
+    loop = TrainingLoop(model, optimizer, scheduler, LoopConfig(2, 10, checkpoint_every=5), tmp_path, make_batch,
+                        loss_fn, NullTracker(), progress=False)
+    with pytest.raises(FloatingPointError, match=r"non-finite loss \(nan\) at step 7 \(epoch 1, batch 7\).*checkpoint"):
+        loop.fit()
+    state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)
+    assert state["position"] == {"epoch": 0, "batch": 5, "step": 5}
+
+
+# ---- MLflow ----------------------------------------------------------------------------------
+
+def test_finetune_run_is_recorded_in_mlflow(smoke_study, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # the run is seconds long
+    args = [a for a in study_args(smoke_study) if a != "--no-tracking"]
+    assert main(["finetune", "--setting", "no_pretrain", "--task", "refcoco_gt", "--lr", "0.001", "--seed", "2",
+                 "--out", str(tmp_path / "run"), *args]) == 0
+    client = MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("vlbert-ablation-smoke").experiment_id])
+    tags = run.data.tags
+    assert {tags[k] for k in ("setting", "task", "stage", "seed", "preset")} == {"no_pretrain", "refcoco_gt", "finetune", "2", "smoke"}
+    assert len(tags["git_commit"]) >= 7
+    assert run.data.params["preset.finetune.refcoco.batch_size"] == "8"
+    assert {"loss", "val_accuracy", "lr"} <= set(run.data.metrics)
+    assert any(name.startswith("system/") for name in run.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"metrics.json", "checkpoint"} <= artifacts
+    assert {"checkpoint/model.safetensors", "checkpoint/config.json"} <= {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+
+
+def test_unreachable_tracking_store_fails_at_start(smoke_study, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9/")   # discard port: nothing listens
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    args = [a for a in study_args(smoke_study) if a != "--no-tracking"]
+    started = time.time()
+    assert main(["finetune", "--setting", "no_pretrain", "--task", "vqa", "--lr", "0.001", "--seed", "0",
+                 "--out", str(tmp_path / "run"), *args]) == 2
+    assert "MLflow tracking store 'http://127.0.0.1:9/' cannot be reached" in capsys.readouterr().err
+    assert time.time() - started < 30 and not (tmp_path / "run").exists()
+
+
+# ---- DDP -------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_two_processes_on_cpu_stay_in_step(smoke_study, tmp_path):
+    """torchrun with 2 CPU processes (gloo): the loop checks every epoch that the ranks hold the
+    same weights, and fails if they drift."""
+    out = tmp_path / "ddp"
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--master_port", "29517", "-m", "vlbert.cli", "finetune", "--setting", "no_pretrain",
+                             "--task", "vcr_q2a", "--lr", "0.02", "--seed", "0", "--out", str(out),
+                             *study_args(smoke_study), "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best_epoch"] == 1 and 0 <= metrics["val"]["accuracy"] <= 100
+    assert "data-parallel fine-tuning: 2 processes" in result.stdout

@@ -1,0 +1,42 @@
+"""Building a VL-BERT for training: sizes from the preset or the BERT checkpoint, visual sizes
+from the detector, text weights from BERT, Fast R-CNN weights from the detector."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..detection.model import CONFIG_FILE as DETECTOR_CONFIG
+from ..modeling import VLBertConfig, VLBertProcessor
+from ..modeling.processing_vlbert import default_tokenizer_path
+
+SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def load_processor(bert: str | Path | None, max_text_length: int) -> VLBertProcessor:
+    """The BERT checkpoint's own tokenizer (a local folder or hub id); None: BERT's uncased WordPiece."""
+    if bert is None:
+        return VLBertProcessor.from_pretrained(default_tokenizer_path(), max_text_length)
+    if isinstance(bert, Path) and not bert.exists():
+        raise FileNotFoundError(f"BERT checkpoint not found: {bert} (run `vlbert bert-init`, or set model.bert)")
+    return VLBertProcessor.from_pretrained(bert, max_text_length)
+
+
+def vlbert_config(preset: dict, bert: str | Path, detector_dir, **overrides) -> VLBertConfig:
+    from transformers import BertConfig
+    bert_config = BertConfig.from_pretrained(str(bert))
+    detector = json.loads((Path(detector_dir) / DETECTOR_CONFIG).read_text())
+    return VLBertConfig(
+        **{k: getattr(bert_config, k) for k in SIZE_KEYS + ("vocab_size", "max_position_embeddings",
+                                                          "hidden_dropout_prob", "attention_probs_dropout_prob")},
+        visual_feature_dim=detector["widths"][3], num_visual_classes=len(detector["class_names"]) + 1,
+        frcnn=detector, **overrides)
+
+
+def build_model(cls, preset: dict, bert, detector_dir, **overrides):
+    """A new VL-BERT head model: text weights from `bert`, Fast R-CNN from the detector.
+    Returns (model, load report)."""
+    model = cls(vlbert_config(preset, bert, detector_dir, **overrides))
+    report = model.load_bert(bert)
+    model.vlbert.fast_rcnn.load_detector_weights(detector_dir)
+    return model, report

@@ -1,0 +1,93 @@
+"""Fine-tuning one (setting, task, learning rate, seed) with the paper's protocol.
+
+The model starts from the setting's pre-trained checkpoint (no_pretrain: from the BERT init and
+the detector). Every epoch is scored on val; the best epoch's weights are kept; the test split
+is scored once, on them. Predictions are written in the official formats, and metrics.json
+holds the final figures, the chosen epoch, the seed and the learning rate.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .. import io
+from .build import build_model
+from .loop import LoopConfig, TrainingLoop, loop_speed
+from .optim import build_optimizer, build_scheduler
+from .seeding import epoch_order
+from .tasks import build_task
+
+
+@torch.no_grad()
+def predict(model, task, examples: list[dict], batch_size: int) -> list[dict]:
+    model.eval()
+    predictions = []
+    for k in range(0, len(examples), batch_size):
+        chunk = examples[k:k + batch_size]
+        predictions += task.predictions(model(**task.collate(chunk)), chunk)
+    return predictions
+
+
+def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, data_root, features_dir,
+             tracker, processor, pretrained=None, bert=None, detector_dir=None, device: str = "cpu",
+             progress: bool = True, max_steps: int | None = None) -> dict:
+    from .distributed import is_main_process, world_size, wrap
+    out = Path(out)
+    if world_size() > 1 and is_main_process():
+        print(f"data-parallel fine-tuning: {world_size()} processes")
+    torch.manual_seed(seed)
+    # A Fast R-CNN tuned in pre-training no longer matches the cached features: recompute them.
+    task = build_task(task_name, processor, data_root, features_dir, recompute=setting.tune_frcnn)
+    if setting.pretrains:
+        if pretrained is None:
+            raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")
+        model = task.model_class.from_pretrained(pretrained, **task.model_overrides(), tune_frcnn=False)
+    else:
+        model, _ = build_model(task.model_class, preset, bert, detector_dir, **task.model_overrides())
+    model.to(device)
+    options = preset["finetune"][task.options_key]
+    epochs = max(1, round(options["epochs"] * preset["finetune"].get("epoch_factor", 1.0)))
+    train, val = task.examples("train"), task.examples("val")
+    batch_size = options["batch_size"]
+    batches = math.ceil(len(train) / batch_size)
+    optimizer = build_optimizer(model, options, lr)
+    # Step decay epochs scale with the schedule (0.5x epochs: decays at half the epochs too).
+    factor = epochs / options["epochs"]
+    scaled = {**options, "step_epochs": [max(1, round(e * factor)) for e in options.get("step_epochs", [])]}
+    scheduler = build_scheduler(optimizer, scaled, epochs * batches, batches)
+    tracker.log_params({"finetune": {**options, "lr": lr, "epochs_run": epochs}, "seed": seed,
+                        "train_examples": len(train), "val_examples": len(val)})
+
+    def make_batch(epoch, b):
+        order = epoch_order(len(train), seed, epoch)
+        return task.collate([train[i] for i in order[b * batch_size:(b + 1) * batch_size]])
+
+    def loss_fn(model, batch):
+        out = model(**batch)
+        return out.loss, out.losses
+
+    def evaluate(model):
+        return task.score(predict(model, task, val, batch_size), "val")
+
+    loop = TrainingLoop(wrap(model, device), optimizer, scheduler,
+                        LoopConfig(epochs, batches, select_metric="accuracy", max_steps=max_steps, **preset.get("training", {})),
+                        out, make_batch, loss_fn, tracker, evaluate=evaluate, progress=progress)
+    state = loop.fit()
+    if max_steps is not None and state.step >= max_steps:
+        return loop_speed(loop, batch_size)
+    if not is_main_process():
+        return {}
+    best = task.model_class.from_pretrained(out / "best").to(device)
+    val_predictions = predict(best, task, val, batch_size)
+    test_predictions = predict(best, task, task.examples("test"), batch_size)   # the only look at test
+    io.write_json(out / "predictions_val.json", val_predictions)
+    io.write_json(out / "predictions_test.json", test_predictions)
+    metrics = {"setting": setting.name, "task": task_name, "seed": seed, "lr": lr,
+               "best_epoch": state.best_epoch + 1, "epochs": epochs,
+               "val": task.score(val_predictions, "val"), "test": task.score(test_predictions, "test"),
+               "val_history": state.history, "data_wait_share": round(loop_speed(loop, batch_size)["data_wait_share"], 4)}
+    io.write_json(out / "metrics.json", metrics, indent=2)
+    return metrics

@@ -1,0 +1,187 @@
+"""The training loop: epochs of batches, checkpoints, resume, per-epoch validation, best epoch.
+
+It knows nothing of what a batch holds (the stage gives `make_batch` and `loss_fn`) nor of where
+metrics go (it reports to a `Tracker`). Batch b of epoch e is always the same examples with the
+same random choices, so a run killed at any point and re-run with the same command continues
+exactly: same batches, same dropout (the RNG state is in the checkpoint), same metrics.
+
+Under torchrun each process takes every world_size-th batch and DDP averages the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from .distributed import is_main_process, rank, unwrap, world_size
+
+
+@dataclass
+class LoopConfig:
+    epochs: int
+    batches_per_epoch: int
+    checkpoint_every: int = 50          # steps; also at every epoch end
+    grad_clip: float = 1.0
+    log_every: int = 10
+    select_metric: str | None = None    # validation metric to pick the best epoch by (higher is better)
+    max_steps: int | None = None        # stop early (benchmarks, quick looks): no validation, no best
+
+
+@dataclass
+class LoopState:
+    epoch: int = 0                      # epoch in progress
+    batch: int = 0                      # next batch (this process's count) within it
+    step: int = 0                       # optimiser steps done
+    best_metric: float = -math.inf
+    best_epoch: int = -1
+    history: list = field(default_factory=list)   # per-epoch validation metrics
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
+
+
+class TrainingLoop:
+    def __init__(self, model, optimizer, scheduler, config: LoopConfig, out_dir,
+                 make_batch: Callable[[int, int], dict], loss_fn: Callable, tracker,
+                 evaluate: Callable[[torch.nn.Module], dict] | None = None, progress: bool = True):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.config, self.out_dir = config, Path(out_dir)
+        self.make_batch, self.loss_fn, self.tracker, self.evaluate = make_batch, loss_fn, tracker, evaluate
+        self.progress = progress and is_main_process()
+        self.checkpoint_dir = self.out_dir / "checkpoint"
+        self.best_dir = self.out_dir / "best"
+        self.state = LoopState()
+        self.data_wait = 0.0   # seconds the loop waited for a batch to be ready
+        self.step_time = 0.0   # seconds from asking for a batch to the end of its optimiser step
+        self.steps_timed = 0
+
+    # ---- checkpoints --------------------------------------------------------------------------
+
+    def resume(self) -> bool:
+        found = latest_checkpoint(self.checkpoint_dir)
+        if found is None:
+            return False
+        unwrap(self.model).load_state_dict(load_file(str(found / "model.safetensors")), strict=False)
+        loaded = load_training_state(found, self.optimizer, self.scheduler)
+        extra = loaded["extra"]
+        self.state = LoopState(**loaded["position"], best_metric=extra["best_metric"],
+                               best_epoch=extra["best_epoch"], history=extra["history"])
+        return True
+
+    def save(self) -> None:
+        if is_main_process():
+            s = self.state
+            save_checkpoint(self.checkpoint_dir, unwrap(self.model), self.optimizer, self.scheduler, s.to_dict(),
+                            {"best_metric": s.best_metric, "best_epoch": s.best_epoch, "history": s.history})
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def _batch_indices(self) -> list[int]:
+        """The global batch numbers this process runs in an epoch."""
+        usable = self.config.batches_per_epoch - self.config.batches_per_epoch % world_size()
+        return list(range(rank(), usable, world_size()))
+
+    def _step(self, batch: dict) -> dict:
+        self.model.train()
+        loss, losses = self.loss_fn(self.model, batch)
+        if not torch.isfinite(loss):
+            where = self.checkpoint_dir if latest_checkpoint(self.checkpoint_dir) else "none yet"
+            raise FloatingPointError(
+                f"non-finite loss ({loss.item()}) at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
+                f"batch {self.state.batch + 1}); the last good checkpoint is kept: {where}")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"loss": loss.item(), **{f"loss_{k}": v.item() for k, v in losses.items()}}
+
+    def fit(self) -> LoopState:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self.resume()
+        if resumed and is_main_process():
+            print(f"resuming from {self.checkpoint_dir}: epoch {self.state.epoch + 1}, batch {self.state.batch}")
+        mine = self._batch_indices()
+        with ThreadPoolExecutor(max_workers=1) as loader:
+            while self.state.epoch < self.config.epochs:
+                epoch = self.state.epoch
+                todo = mine[self.state.batch:]
+                bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=f"epoch {epoch + 1}/{self.config.epochs}",
+                           disable=not self.progress, leave=False)
+                pending = loader.submit(self.make_batch, epoch, todo[0]) if todo else None
+                for position, b in enumerate(todo):
+                    waited = time.perf_counter()
+                    batch = pending.result()
+                    started = time.perf_counter()
+                    self.data_wait += started - waited
+                    if position + 1 < len(todo):  # build the next batch while this one trains
+                        pending = loader.submit(self.make_batch, epoch, todo[position + 1])
+                    logs = self._step(batch)
+                    self.step_time += time.perf_counter() - waited
+                    self.steps_timed += 1
+                    self.state.step += 1
+                    self.state.batch += 1
+                    bar.update(1)
+                    if self.state.step % self.config.log_every == 0 and is_main_process():
+                        self.tracker.log_metrics({**logs, "lr": self.scheduler.get_last_lr()[0],
+                                                  "data_wait_share": self.data_wait / max(self.step_time, 1e-9)},
+                                                 step=self.state.step)
+                    if self.state.step % self.config.checkpoint_every == 0 and self.state.batch < len(mine):
+                        self.save()
+                    if self.config.max_steps is not None and self.state.step >= self.config.max_steps:
+                        bar.close()
+                        return self.state
+                bar.close()
+                self._end_epoch()
+        return self.state
+
+    def _check_in_step(self) -> None:
+        """Under DDP every process must hold the same weights; a drift is a bug, not noise."""
+        if world_size() == 1:
+            return
+        import torch.distributed as dist
+        checksum = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().reshape(1)
+        gathered = [torch.zeros_like(checksum) for _ in range(world_size())]
+        dist.all_gather(gathered, checksum)
+        values = torch.cat(gathered)
+        if not torch.allclose(values, values[0].expand_as(values), rtol=1e-9, atol=1e-6):
+            raise RuntimeError(f"training processes are out of step after epoch {self.state.epoch + 1}: "
+                               f"parameter checksums {values.tolist()}")
+
+    def _end_epoch(self) -> None:
+        self._check_in_step()
+        s = self.state
+        metrics = self.evaluate(unwrap(self.model)) if self.evaluate is not None and is_main_process() else {}
+        s.history.append(metrics)
+        if metrics and is_main_process():
+            self.tracker.log_metrics({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
+                                     | {"epoch": s.epoch + 1}, step=s.step)
+        select = self.config.select_metric
+        if select is None or (metrics and metrics[select] > s.best_metric):
+            s.best_metric = metrics[select] if select else s.best_metric
+            s.best_epoch = s.epoch
+            if is_main_process():
+                partial = self.best_dir.with_name("best.partial")
+                shutil.rmtree(partial, ignore_errors=True)
+                unwrap(self.model).save_pretrained(partial)
+                shutil.rmtree(self.best_dir, ignore_errors=True)
+                partial.rename(self.best_dir)
+        s.epoch, s.batch = s.epoch + 1, 0
+        self.save()
+
+
+def loop_speed(loop: TrainingLoop, batch_size: int) -> dict:
+    """Throughput of the steps a loop ran: examples per second and the share spent waiting for data."""
+    return {"steps": loop.steps_timed, "examples_per_second": loop.steps_timed * batch_size / max(loop.step_time, 1e-9),
+            "data_wait_share": loop.data_wait / max(loop.step_time, 1e-9)}
