@@ -112,9 +112,9 @@ def _run_tracked(tracker, out: Path, work):
         tracker.close("FAILED")
         shutdown()
         raise
-    for name in ("metrics.json", "best"):
+    for name in ("metrics.json", "predictions_val.json", "predictions_test.json", "best"):
         if (out / name).exists():
-            tracker.log_artifact(out / name, None if name == "metrics.json" else "checkpoint")
+            tracker.log_artifact(out / name, "checkpoint" if name == "best" else None)
     tracker.close()
     shutdown()
     return result
@@ -164,6 +164,11 @@ def _finetune(args) -> int:
     from .study.registry import setting
 
     chosen = setting(args.setting)
+    if (args.lr is None) == (args.lr_from is None):
+        raise ValueError("give exactly one of --lr and --lr-from")
+    if args.lr_from:
+        from .study.sweep import read_best_lr
+        args.lr = read_best_lr(args.lr_from)
     config, device, results, bert, processor, tracker = _training_context(
         args, "finetune", {"setting": chosen.name, "task": args.task, "seed": args.seed, "lr": args.lr})
     out = Path(args.out)
@@ -175,6 +180,26 @@ def _finetune(args) -> int:
     if metrics:
         print(f"finetune {chosen.name}/{args.task}: val {metrics['val']['accuracy']:.2f} (epoch {metrics['best_epoch']}), "
               f"test {metrics['test']['accuracy']:.2f}")
+    return 0
+
+
+def _sweep(args) -> int:
+    import os
+
+    from .study.registry import setting
+    from .study.sweep import run_sweep
+
+    chosen = setting(args.setting)
+    config, device, results, bert, _, tracker = _training_context(args, "sweep", {"setting": chosen.name, "task": args.task})
+    out = Path(args.out)
+    pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
+    summary = _run_tracked(tracker, out, lambda: run_sweep(
+        config, chosen.name, args.task, out, data_root=config["data"]["root"], features_dir=args.features or results / "features",
+        bert=bert, detector=args.detector or results / "detector", pretrained=pretrained, device=device,
+        cores=args.cores or os.cpu_count(), tracker=tracker))
+    if (out / "best.json").exists():
+        tracker.log_artifact(out / "best.json")
+    print(f"sweep {chosen.name}/{args.task}: best lr {summary['lr']:g} (val {summary['val_accuracy']:.2f})")
     return 0
 
 
@@ -340,12 +365,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.add_argument("--setting", required=True, choices=list(SETTINGS))
     p.add_argument("--task", required=True, choices=list(TASKS))
-    p.add_argument("--lr", required=True, type=float)
+    p.add_argument("--lr", type=float, help="learning rate")
+    p.add_argument("--lr-from", help="take the learning rate from a sweep's best.json")
     p.add_argument("--seed", required=True, type=int)
     p.add_argument("--out", required=True)
     p.add_argument("--pretrained", help="pre-trained checkpoint (default: results/<preset>/pretrain/<setting>/best)")
     _add_training_arguments(p)
     p.set_defaults(func=_finetune)
+
+    p = verbs.add_parser("sweep", help="Ray Tune learning-rate sweep for one (setting, task)",
+                         description="Grid over the preset's sweep.lrs with ASHA on the validation accuracy; "
+                                     "writes OUT/best.json. MLflow: a parent run with a child run per trial.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--setting", required=True, choices=list(SETTINGS))
+    p.add_argument("--task", required=True, choices=list(TASKS))
+    p.add_argument("--out", required=True)
+    p.add_argument("--pretrained", help="pre-trained checkpoint (default: results/<preset>/pretrain/<setting>/best)")
+    p.add_argument("--cores", type=int, help="CPU cores the sweep may use (default: all)")
+    _add_training_arguments(p)
+    p.set_defaults(func=_sweep)
 
     p = verbs.add_parser("evaluate", help="score predictions with the official metrics",
                          description="Score predictions in the official result formats.")

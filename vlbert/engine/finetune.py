@@ -33,7 +33,7 @@ def predict(model, task, examples: list[dict], batch_size: int) -> list[dict]:
 
 def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, data_root, features_dir,
              tracker, processor, pretrained=None, bert=None, detector_dir=None, device: str = "cpu",
-             progress: bool = True, max_steps: int | None = None) -> dict:
+             progress: bool = True, max_steps: int | None = None, score_test: bool = True) -> dict:
     from .distributed import is_main_process, world_size, wrap
     out = Path(out)
     if world_size() > 1 and is_main_process():
@@ -82,12 +82,17 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
         return {}
     best = task.model_class.from_pretrained(out / "best").to(device)
     val_predictions = predict(best, task, val, batch_size)
-    test_predictions = predict(best, task, task.examples("test"), batch_size)   # the only look at test
     io.write_json(out / "predictions_val.json", val_predictions)
-    io.write_json(out / "predictions_test.json", test_predictions)
+    test = {}
+    if score_test:  # sweeps select on val and never get here; the chosen runs look at test once
+        test_predictions = predict(best, task, task.examples("test"), batch_size)
+        io.write_json(out / "predictions_test.json", test_predictions)
+        test = task.score(test_predictions, "test")
     metrics = {"setting": setting.name, "task": task_name, "seed": seed, "lr": lr,
                "best_epoch": state.best_epoch + 1, "epochs": epochs,
-               "val": task.score(val_predictions, "val"), "test": task.score(test_predictions, "test"),
+               "val": task.score(val_predictions, "val"), "test": test,
                "val_history": state.history, "data_wait_share": round(loop_speed(loop, batch_size)["data_wait_share"], 4)}
     io.write_json(out / "metrics.json", metrics, indent=2)
+    tracker.log_metrics({"best_epoch": metrics["best_epoch"], **{f"final_val_{k}": v for k, v in metrics["val"].items()},
+                         **{f"final_test_{k}": v for k, v in test.items()}}, step=state.step)
     return metrics

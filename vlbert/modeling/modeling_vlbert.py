@@ -160,12 +160,15 @@ class VLBertPreTrainedModel(nn.Module):
         head parameters (and segment C, the third row of token_type_embeddings).
         """
         from transformers.utils import logging as hf_logging
-        verbosity = hf_logging.get_verbosity()
+        verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()  # we report what was new ourselves, below
+        hf_logging.disable_progress_bar()
         try:
             bert = BertModel.from_pretrained(str(checkpoint), add_pooling_layer=False)
         finally:
             hf_logging.set_verbosity(verbosity)
+            if bars:
+                hf_logging.enable_progress_bar()
         state = bert.state_dict()
         segments = state.pop("embeddings.token_type_embeddings.weight")
         own = self.vlbert.bert.state_dict()
