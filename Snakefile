@@ -1,12 +1,17 @@
 # The VL-BERT ablation study as a DAG. Run it with `make reproduce` (or see README.md).
 # Every rule calls the `vlbert` CLI; the config is one preset from experiments/.
+#
+#   make_data -> train_detector -> extract_rois -> pretrain[setting] -> sweep[setting]
+#                bert_init (embedded default) ---/                         -> finetune[setting, task, seed] -> report
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/detection.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/finetune.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     input:
-        data_outputs(),
-        feature_outputs(),
+        rules.report.output,

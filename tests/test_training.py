@@ -267,3 +267,34 @@ def test_two_processes_on_cpu_stay_in_step(smoke_study, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["best_epoch"] == 1 and 0 <= metrics["val"]["accuracy"] <= 100
     assert "data-parallel fine-tuning: 2 processes" in result.stdout
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_autocast_precision_trains(tmp_path, precision):
+    """bf16 autocast (GPU in real use; CPU here) runs the same loop and still learns."""
+    from vlbert.engine.loop import LoopConfig, TrainingLoop
+    from vlbert.tracking import NullTracker
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def save_pretrained(self, folder):
+            from safetensors.torch import save_file
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file(self.state_dict(), str(folder / "model.safetensors"))
+
+    torch.manual_seed(0)
+    model = Tiny()
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    optimizer = build_optimizer(model, {"lr": 0.05, "weight_decay": 0.0})
+    scheduler = build_scheduler(optimizer, {}, 40, 20)
+    loss_fn = lambda model, batch: (((model.linear(batch["x"]).float() - batch["y"]) ** 2).mean(), {})
+    loop = TrainingLoop(model, optimizer, scheduler, LoopConfig(2, 20, precision=precision), tmp_path,
+                        lambda e, b: {"x": x, "y": y}, loss_fn, NullTracker(), progress=False)
+    before = loss_fn(model, {"x": x, "y": y})[0].item()
+    loop.fit()
+    assert loss_fn(model, {"x": x, "y": y})[0].item() < 0.8 * before
+    with pytest.raises(ValueError, match="precision"):
+        TrainingLoop(model, optimizer, scheduler, LoopConfig(1, 1, precision="fp8"), tmp_path, None, None, NullTracker())

@@ -76,7 +76,7 @@ def _extract_rois(args) -> int:
     return 0
 
 
-def _training_context(args, stage: str, tags: dict):
+def _training_context(args, stage: str, tags: dict, tracked: bool = True):
     """Shared by the training verbs: preset, threads, device, processor, MLflow tracker."""
     import torch
 
@@ -97,9 +97,9 @@ def _training_context(args, stage: str, tags: dict):
     # bert-init makes the BERT: it starts from BERT's uncased WordPiece vocabulary alone.
     processor = load_processor(None if stage == "bert_init" else bert, config["model"].get("max_text_length", 64))
     tracker = (make_tracker(config, args.run_name or f"{stage}-{'-'.join(str(v) for v in tags.values())}",
-                            {"stage": stage, **tags}, enabled=not args.no_tracking) if is_main_process() else NullTracker())
-    if is_main_process():
-        tracker.log_params({"preset": config})
+                            {"stage": stage, **tags}, enabled=not args.no_tracking)
+               if is_main_process() and tracked else NullTracker())
+    tracker.log_params({"preset": config})
     return config, device, results, bert, processor, tracker
 
 
@@ -169,17 +169,20 @@ def _finetune(args) -> int:
     if args.lr_from:
         from .study.sweep import read_best_lr
         args.lr = read_best_lr(args.lr_from)
-    config, device, results, bert, processor, tracker = _training_context(
-        args, "finetune", {"setting": chosen.name, "task": args.task, "seed": args.seed, "lr": args.lr})
-    out = Path(args.out)
-    pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
-    metrics = _run_tracked(tracker, out, lambda: finetune(
-        config, chosen, args.task, args.lr, args.seed, out, config["data"]["root"], args.features or results / "features",
-        tracker, processor, pretrained=pretrained, bert=bert, detector_dir=args.detector or results / "detector",
-        device=device, progress=not args.quiet))
-    if metrics:
-        print(f"finetune {chosen.name}/{args.task}: val {metrics['val']['accuracy']:.2f} (epoch {metrics['best_epoch']}), "
-              f"test {metrics['test']['accuracy']:.2f}")
+    # Several seeds run one after the other in this process (one import, one data load), each
+    # its own MLflow run, in OUT/seed<N>/.
+    for seed in args.seed:
+        out = Path(args.out) / f"seed{seed}" if len(args.seed) > 1 else Path(args.out)
+        config, device, results, bert, processor, tracker = _training_context(
+            args, "finetune", {"setting": chosen.name, "task": args.task, "seed": seed, "lr": args.lr})
+        pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
+        metrics = _run_tracked(tracker, out, lambda: finetune(
+            config, chosen, args.task, args.lr, seed, out, config["data"]["root"], args.features or results / "features",
+            tracker, processor, pretrained=pretrained, bert=bert, detector_dir=args.detector or results / "detector",
+            device=device, progress=not args.quiet))
+        if metrics:
+            print(f"finetune {chosen.name}/{args.task} seed {seed}: val {metrics['val']['accuracy']:.2f} "
+                  f"(epoch {metrics['best_epoch']}), test {metrics['test']['accuracy']:.2f}")
     return 0
 
 
@@ -187,19 +190,38 @@ def _sweep(args) -> int:
     import os
 
     from .study.registry import setting
-    from .study.sweep import run_sweep
+    from .study.sweep import run_sweeps
+    from .tracking import make_tracker
 
     chosen = setting(args.setting)
-    config, device, results, bert, _, tracker = _training_context(args, "sweep", {"setting": chosen.name, "task": args.task})
-    out = Path(args.out)
+    config, device, results, bert, _, _ = _training_context(args, "sweep", {"setting": chosen.name}, tracked=False)
     pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
-    summary = _run_tracked(tracker, out, lambda: run_sweep(
-        config, chosen.name, args.task, out, data_root=config["data"]["root"], features_dir=args.features or results / "features",
-        bert=bert, detector=args.detector or results / "detector", pretrained=pretrained, device=device,
-        cores=args.cores or os.cpu_count(), tracker=tracker))
-    if (out / "best.json").exists():
-        tracker.log_artifact(out / "best.json")
-    print(f"sweep {chosen.name}/{args.task}: best lr {summary['lr']:g} (val {summary['val_accuracy']:.2f})")
+
+    def parent(task):
+        return make_tracker(config, f"sweep-{chosen.name}-{task}", {"stage": "sweep", "setting": chosen.name, "task": task},
+                            enabled=not args.no_tracking)
+    summaries = run_sweeps(config, chosen.name, args.task, args.out, data_root=config["data"]["root"],
+                           features_dir=args.features or results / "features", bert=bert,
+                           detector=args.detector or results / "detector", pretrained=pretrained, device=device,
+                           cores=args.cores or os.cpu_count(), make_parent=parent)
+    for task, summary in summaries.items():
+        print(f"sweep {chosen.name}/{task}: best lr {summary['lr']:g} (val {summary['val_accuracy']:.2f})")
+    return 0
+
+
+def _report(args) -> int:
+    from .config import dataset_root, load_config
+    from .study.report import write_report
+    from .tracking import default_tracking_uri
+
+    config = load_config(args.config)
+    uri = args.tracking_uri or default_tracking_uri(config)
+    experiment = (config.get("tracking") or {}).get("experiment") or f"vlbert-ablation-{config['name']}"
+    sweeps = sorted(Path(args.sweeps or Path("results") / config["name"] / "sweep").glob("*/*/best.json"))
+    vcr_val = dataset_root(config, "vcr") / "val.jsonl"
+    summary = write_report(uri, experiment, args.out, sweeps, vcr_val if vcr_val.is_file() else None)
+    print(f"report: {args.out} ({summary['finetune_runs']} fine-tuning runs; "
+          f"{summary['findings_agreeing']} of 6 findings agree with the paper)")
     return 0
 
 
@@ -367,23 +389,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, choices=list(TASKS))
     p.add_argument("--lr", type=float, help="learning rate")
     p.add_argument("--lr-from", help="take the learning rate from a sweep's best.json")
-    p.add_argument("--seed", required=True, type=int)
+    p.add_argument("--seed", required=True, type=int, nargs="+", help="one or more seeds; several: OUT/seed<N>/ each")
     p.add_argument("--out", required=True)
     p.add_argument("--pretrained", help="pre-trained checkpoint (default: results/<preset>/pretrain/<setting>/best)")
     _add_training_arguments(p)
     p.set_defaults(func=_finetune)
 
-    p = verbs.add_parser("sweep", help="Ray Tune learning-rate sweep for one (setting, task)",
-                         description="Grid over the preset's sweep.lrs with ASHA on the validation accuracy; "
-                                     "writes OUT/best.json. MLflow: a parent run with a child run per trial.")
+    p = verbs.add_parser("sweep", help="Ray Tune learning-rate sweeps for one setting",
+                         description="For each task: a grid over the preset's sweep.lrs with ASHA on the validation "
+                                     "accuracy, written to OUT/<task>/best.json. One Ray session for all tasks. "
+                                     "MLflow: a parent run per task with a child run per trial.")
     p.add_argument("--config", required=True)
     p.add_argument("--setting", required=True, choices=list(SETTINGS))
-    p.add_argument("--task", required=True, choices=list(TASKS))
+    p.add_argument("--task", required=True, nargs="+", choices=list(TASKS))
     p.add_argument("--out", required=True)
     p.add_argument("--pretrained", help="pre-trained checkpoint (default: results/<preset>/pretrain/<setting>/best)")
     p.add_argument("--cores", type=int, help="CPU cores the sweep may use (default: all)")
     _add_training_arguments(p)
     p.set_defaults(func=_sweep)
+
+    p = verbs.add_parser("report", help="Table 4, the paper's findings and figures, read back from MLflow",
+                         description="Read the study's runs from MLflow and write table4.{md,csv,tex}, "
+                                     "findings.md, figures/*.png and runs.csv.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True, help="reports/<preset>/")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the preset's)")
+    p.add_argument("--sweeps", help="folder of <setting>/<task>/best.json (default: results/<preset>/sweep)")
+    p.set_defaults(func=_report)
 
     p = verbs.add_parser("evaluate", help="score predictions with the official metrics",
                          description="Score predictions in the official result formats.")

@@ -15,6 +15,7 @@ import torch
 
 from .. import io
 from .build import build_model
+from .device import move_to
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order
@@ -24,10 +25,11 @@ from .tasks import build_task
 @torch.no_grad()
 def predict(model, task, examples: list[dict], batch_size: int) -> list[dict]:
     model.eval()
+    device = next(model.parameters()).device
     predictions = []
     for k in range(0, len(examples), batch_size):
         chunk = examples[k:k + batch_size]
-        predictions += task.predictions(model(**task.collate(chunk)), chunk)
+        predictions += task.predictions(model(**move_to(task.collate(chunk), device)), chunk)
     return predictions
 
 

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from .device import move_to
 from .distributed import is_main_process, rank, unwrap, world_size
 
 
@@ -35,6 +36,7 @@ class LoopConfig:
     log_every: int = 10
     select_metric: str | None = None    # validation metric to pick the best epoch by (higher is better)
     max_steps: int | None = None        # stop early (benchmarks, quick looks): no validation, no best
+    precision: str = "fp32"             # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
 
 
 @dataclass
@@ -61,6 +63,12 @@ class TrainingLoop:
         self.checkpoint_dir = self.out_dir / "checkpoint"
         self.best_dir = self.out_dir / "best"
         self.state = LoopState()
+        if config.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be fp32, bf16 or fp16, got {config.precision!r}")
+        self.device = next(model.parameters()).device
+        self.device_type = self.device.type
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=config.precision == "fp16")
         self.data_wait = 0.0   # seconds the loop waited for a batch to be ready
         self.step_time = 0.0   # seconds from asking for a batch to the end of its optimiser step
         self.steps_timed = 0
@@ -93,17 +101,21 @@ class TrainingLoop:
 
     def _step(self, batch: dict) -> dict:
         self.model.train()
-        loss, losses = self.loss_fn(self.model, batch)
+        batch = move_to(batch, self.device)
+        with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            loss, losses = self.loss_fn(self.model, batch)
         if not torch.isfinite(loss):
             where = self.checkpoint_dir if latest_checkpoint(self.checkpoint_dir) else "none yet"
             raise FloatingPointError(
                 f"non-finite loss ({loss.item()}) at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
                 f"batch {self.state.batch + 1}); the last good checkpoint is kept: {where}")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.scaler.scale(loss).backward()
         if self.config.grad_clip:
+            self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.scheduler.step()
         return {"loss": loss.item(), **{f"loss_{k}": v.item() for k, v in losses.items()}}
 

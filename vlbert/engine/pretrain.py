@@ -17,6 +17,7 @@ import torch
 from ..data.feature_store import FeatureStore
 from ..modeling import VLBertForPreTraining
 from .build import build_model
+from .device import move_to
 from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
@@ -37,9 +38,11 @@ def _merge_losses(outputs: list) -> tuple[torch.Tensor, dict]:
 def masked_lm_accuracy(model, batches) -> dict:
     """Validation: masked-word accuracy and loss with visual clues, on fixed masks."""
     model.eval()
+    device = next(model.parameters()).device
     right = total = 0
     loss_sum = 0.0
     for batch in batches:
+        batch = move_to(batch, device)
         out = model(**batch)
         labels = batch["mlm_labels"][batch["mlm_labels"] != IGNORE]
         right += int((out.mlm_logits.argmax(-1) == labels).sum())

@@ -75,50 +75,69 @@ def _trial(config: dict) -> None:
         tracker.close(status)
 
 
-def run_sweep(preset: dict, setting_name: str, task: str, out, *, data_root, features_dir, bert, detector,
-              pretrained=None, device: str = "cpu", cores: int | None = None, tracker=None) -> dict:
-    """Sweep the preset's learning rates for one (setting, task); write and return best.json."""
+def run_sweeps(preset: dict, setting_name: str, tasks: list[str], out, *, data_root, features_dir, bert, detector,
+               pretrained=None, device: str = "cpu", cores: int | None = None, make_parent=None) -> dict:
+    """Sweep the preset's learning rates for one setting on each task, in one Ray session.
+
+    Writes OUT/<task>/best.json per task and returns {task: summary}. `make_parent(task)` gives
+    each task's MLflow parent run (a Tracker); trials log to child runs under it.
+    """
     import ray
+
+    out = Path(out).resolve()
+    address = preset.get("sweep", {}).get("address")
+    if address:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    else:  # a local Ray sized to this job; a short temp dir keeps its socket paths legal
+        ray.init(num_cpus=cores or os.cpu_count() or 1, num_gpus=0 if device == "cpu" else None,
+                 include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+                 log_to_driver=False, configure_logging=False)
+    summaries = {}
+    try:
+        for task in tasks:
+            parent = make_parent(task) if make_parent else NullTracker()
+            try:
+                summaries[task] = _sweep_task(preset, setting_name, task, out / task, parent, data_root=data_root,
+                                              features_dir=features_dir, bert=bert, detector=detector,
+                                              pretrained=pretrained, device=device, cores=cores)
+                parent.log_artifact(out / task / "best.json")
+            except BaseException:
+                parent.close("FAILED")
+                raise
+            parent.close()
+    finally:
+        ray.shutdown()
+    return summaries
+
+
+def _sweep_task(preset, setting_name, task, out, parent, *, data_root, features_dir, bert, detector, pretrained,
+                device, cores) -> dict:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    out = Path(out).resolve()
+    from ..tracking import default_tracking_uri
     options = preset.get("sweep", {})
     lrs = options["lrs"]
     seed = options.get("seeds", [preset["seed"]])[0]
     threads = int(options.get("cpus_per_trial", 1))
     gpus = float(options.get("gpus_per_trial", 0 if device == "cpu" else 1))
-    cores = cores or os.cpu_count() or 1
-    tracker = tracker or NullTracker()
-    parent_run_id = getattr(tracker, "run_id", None)
-    address = options.get("address")
-    if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    else:  # a local Ray sized to this job; a short temp dir keeps its socket paths legal
-        ray.init(num_cpus=cores, num_gpus=0 if device == "cpu" else None, include_dashboard=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"), log_to_driver=False,
-                 configure_logging=False)
-    try:
-        epochs = max(1, round(preset["finetune"][_options_key(task)]["epochs"] * preset["finetune"].get("epoch_factor", 1.0)))
-        trainable = tune.with_resources(_trial, {"cpu": threads, "gpu": gpus})
-        from ..tracking import default_tracking_uri
-        uri = default_tracking_uri(preset) if parent_run_id else None
-        space = {"lr": tune.grid_search(lrs), "seed": seed, "threads": threads, "preset": preset,
-                 "setting": setting_name, "task": task, "out": str(out / "trials"), "data_root": str(Path(data_root).resolve()),
-                 "features_dir": str(Path(features_dir).resolve()), "bert": str(Path(bert).resolve()) if Path(bert).exists() else str(bert),
-                 "detector": str(Path(detector).resolve()), "pretrained": str(Path(pretrained).resolve()) if pretrained else None,
-                 "device": device, "parent_run_id": parent_run_id, "tracking_uri": uri}
-        concurrent = max(1, min(len(lrs), int(cores // max(threads, 1))))
-        tuner = tune.Tuner(
-            trainable, param_space=space,
-            tune_config=tune.TuneConfig(metric=METRIC, mode="max", max_concurrent_trials=concurrent,
-                                        scheduler=ASHAScheduler(time_attr="training_iteration", max_t=epochs,
-                                                                grace_period=max(1, epochs // 4), reduction_factor=2)),
-            run_config=tune.RunConfig(name=f"{setting_name}_{task}", storage_path=str(out / "ray"), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=int(options.get("max_failures", 2)))))
-        grid = tuner.fit()
-    finally:
-        ray.shutdown()
+    parent_run_id = getattr(parent, "run_id", None)
+    epochs = max(1, round(preset["finetune"][_options_key(task)]["epochs"] * preset["finetune"].get("epoch_factor", 1.0)))
+    resolve = lambda p: str(Path(p).resolve()) if p is not None and Path(p).exists() else (str(p) if p else None)
+    space = {"lr": tune.grid_search(lrs), "seed": seed, "threads": threads, "preset": preset,
+             "setting": setting_name, "task": task, "out": str(out / "trials"), "data_root": resolve(data_root),
+             "features_dir": resolve(features_dir), "bert": resolve(bert), "detector": resolve(detector),
+             "pretrained": resolve(pretrained), "device": device, "parent_run_id": parent_run_id,
+             "tracking_uri": default_tracking_uri(preset) if parent_run_id else None}
+    concurrent = max(1, min(len(lrs), int((cores or os.cpu_count() or 1) // max(threads, 1))))
+    tuner = tune.Tuner(
+        tune.with_resources(_trial, {"cpu": threads, "gpu": gpus}), param_space=space,
+        tune_config=tune.TuneConfig(metric=METRIC, mode="max", max_concurrent_trials=concurrent, reuse_actors=True,
+                                    scheduler=ASHAScheduler(time_attr="training_iteration", max_t=epochs,
+                                                            grace_period=max(1, epochs // 4), reduction_factor=2)),
+        run_config=tune.RunConfig(name=f"{setting_name}_{task}", storage_path=str(out / "ray"), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=int(options.get("max_failures", 2)))))
+    grid = tuner.fit()
     trials = []
     for result in grid:
         history = result.metrics_dataframe
@@ -132,7 +151,7 @@ def run_sweep(preset: dict, setting_name: str, task: str, out, *, data_root, fea
     summary = {"setting": setting_name, "task": task, "seed": seed, "lr": best["lr"],
                "val_accuracy": best["best_val_accuracy"], "trials": sorted(trials, key=lambda t: t["lr"])}
     io.write_json(out / "best.json", summary, indent=2)
-    tracker.log_metrics({"best_val_accuracy": best["best_val_accuracy"], "best_lr": best["lr"]})
+    parent.log_metrics({"best_val_accuracy": best["best_val_accuracy"], "best_lr": best["lr"]})
     return summary
 
 

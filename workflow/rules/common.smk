@@ -1,6 +1,8 @@
 # Helpers shared by the rules: config validation, canonical names, output paths.
 from snakemake.utils import validate
 
+from vlbert.study.registry import SETTINGS, TASKS
+
 validate(config, schema="../schemas/config.schema.yaml")
 
 PRESET = config["name"]
@@ -23,6 +25,9 @@ wildcard_constraints:
     dataset="|".join(d.replace("+", r"\+") for d in SYNTHETIC_DATASETS),
     boxes="det|gt",
     split=r"[A-Za-z0-9-]+",
+    setting="|".join(SETTINGS),
+    task="|".join(TASKS),
+    seed=r"\d+",
 
 
 def preset_file():
@@ -31,6 +36,22 @@ def preset_file():
     if not files:
         raise WorkflowError("give a preset: --configfile experiments/<preset>.yaml")
     return files[0]
+
+
+PRETRAIN_SETTINGS = [s for s, spec in SETTINGS.items() if spec.pretrains]
+SEEDS = config.get("sweep", {}).get("seeds", [config["seed"]])
+REPORT = f"reports/{PRESET}"
+# Jobs that train ask for a GPU when the preset trains on one (the SLURM profile maps it).
+GPU = 1 if str(config.get("device", "cpu")).startswith("cuda") else 0
+DEVICE = config.get("device", "cpu")
+# The features each task reads (see vlbert.engine.tasks).
+TASK_FEATURES = {
+    "vqa": ["vqa.train2014.det", "vqa.val2014.det", "vqa.test-dev2015.det"],
+    "vcr_q2a": ["vcr.train.gt", "vcr.val.gt", "vcr.test.gt"],
+    "vcr_qa2r": ["vcr.train.gt", "vcr.val.gt", "vcr.test.gt"],
+    "refcoco_det": ["refcoco+.all.det"],
+    "refcoco_gt": ["refcoco+.all.gt"],
+}
 
 
 def data_outputs(datasets=SYNTHETIC_DATASETS):
@@ -42,3 +63,44 @@ def data_outputs(datasets=SYNTHETIC_DATASETS):
 
 def feature_outputs():
     return [f"{RESULTS}/features/{d}.{s}.{b}.h5" for d, s, b in FEATURE_STORES]
+
+
+def bert_checkpoint():
+    """The preset's BERT (a hub id or folder), else the one bert_init trains."""
+    return config.get("model", {}).get("bert") or f"{RESULTS}/bert_init/bert"
+
+
+def bert_input():
+    return [] if config.get("model", {}).get("bert") else [f"{RESULTS}/bert_init/bert/config.json"]
+
+
+def pretrained_input(wildcards):
+    if wildcards.setting == "no_pretrain":
+        return []
+    return [f"{RESULTS}/pretrain/{wildcards.setting}/best/model.safetensors"]
+
+
+def all_task_features(wildcards=None):
+    return sorted({f"{RESULTS}/features/{name}.h5" for names in TASK_FEATURES.values() for name in names})
+
+
+def finetune_outputs():
+    return expand(f"{RESULTS}/finetune/{{setting}}/{{task}}/seed{{seed}}/metrics.json",
+                  setting=list(SETTINGS), task=list(TASKS), seed=SEEDS)
+
+
+TASK_OPTIONS = {"vqa": "vqa", "vcr_q2a": "vcr", "vcr_qa2r": "vcr", "refcoco_det": "refcoco", "refcoco_gt": "refcoco"}
+
+
+def depends_on(*keys):
+    """The preset values a rule's output depends on, as a string Snakemake records: changing one
+    of them in the preset re-runs that rule (and what follows), and nothing else."""
+    import json
+
+    picked = {}
+    for key in keys:
+        value = config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        picked[key] = value
+    return json.dumps(picked, sort_keys=True)

@@ -8,6 +8,7 @@ rule make_data:
         f"{RESULTS}/logs/make_data/{{dataset}}.log",
     params:
         preset=preset_file(),
+        depends=lambda wc: depends_on("seed", "data.synthetic.image_size", f"data.synthetic.{wc.dataset}"),
     shell:
         "vlbert make-data --config {params.preset} --out {DATA} --only '{wildcards.dataset}' "
         "--quiet > {log} 2>&1"

@@ -12,6 +12,7 @@ rule train_detector:
         f"{RESULTS}/logs/train_detector.log",
     params:
         preset=preset_file(),
+        depends=depends_on("seed", "detector"),
     threads: workflow.cores
     shell:
         "vlbert train-detector --config {params.preset} --data {DATA}/detector "
@@ -29,6 +30,7 @@ rule extract_rois:
     params:
         preset=preset_file(),
         gt=lambda wc: "--gt-boxes" if wc.boxes == "gt" else "",
+        depends=depends_on("features"),
     threads: workflow.cores
     shell:
         "vlbert extract-rois --config {params.preset} --data {DATA} --detector {RESULTS}/detector "

@@ -1,0 +1,135 @@
+"""The one-command study on the smoke preset: the DAG end to end, the report, MLflow over REST."""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, payload: dict | None = None) -> dict:
+    data = json.dumps(payload).encode() if payload is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The whole smoke study, run by Snakemake as `make reproduce PRESET=smoke` would."""
+    workdir = tmp_path_factory.mktemp("smoke_run")
+    env_bin = str(Path(sys.executable).parent)
+    import os
+    env = {**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"}
+    started = time.time()
+    result = subprocess.run(SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory", str(workdir)],
+                            capture_output=True, text=True, env=env, timeout=1200)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return {"dir": workdir, "env": env, "seconds": time.time() - started}
+
+
+@pytest.mark.slow
+def test_smoke_study_writes_the_report(smoke_run):
+    report = smoke_run["dir"] / "reports" / "smoke"
+    table = (report / "table4.md").read_text()
+    for setting in ("no_pretrain", "a", "b", "c", "d", "full"):
+        assert f"| {setting} |" in table
+    assert "recalled" in table                                  # the paper's numbers carry their provenance
+    findings = json.loads((report / "findings.json").read_text())
+    assert [f["id"] for f in findings] == ["pretrain_helps", "mlm_helps", "mrc_helps_ref", "sirp_hurts",
+                                           "text_helps", "tune_frcnn_helps"]
+    for name in ("table4_bars", "delta_heatmap", "lr_sweeps", "pretraining_loss"):
+        assert (report / "figures" / f"{name}.png").stat().st_size > 10_000
+    import pandas as pd
+    runs = pd.read_csv(report / "runs.csv")
+    finetunes = runs[(runs["stage"] == "finetune") & (runs["status"] == "FINISHED")]
+    assert len(finetunes) == 6 * 5 * 2                          # settings x tasks x seeds
+    csv = pd.read_csv(report / "table4.csv").set_index("setting")
+    assert (csv["vqa_n"] == 2).all()
+
+
+@pytest.mark.slow
+def test_up_to_date_study_does_nothing_quickly(smoke_run):
+    started = time.time()
+    result = subprocess.run(SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory",
+                                         str(smoke_run["dir"])], capture_output=True, text=True, env=smoke_run["env"])
+    assert result.returncode == 0 and "Nothing to be done" in result.stderr + result.stdout
+    assert time.time() - started < 10
+
+
+@pytest.mark.slow
+def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path):
+    preset = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
+    preset["finetune"]["vqa"]["batch_size"] = 4
+    changed = tmp_path / "smoke.yaml"
+    changed.write_text(yaml.safe_dump(preset))
+    result = subprocess.run(SNAKEMAKE + ["-n", "--configfile", str(changed), "--directory", str(smoke_run["dir"])],
+                            capture_output=True, text=True, env=smoke_run["env"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = {line.split()[0]: int(line.split()[1]) for line in result.stdout.splitlines()
+            if len(line.split()) == 2 and line.split()[1].isdigit()}
+    # VQA fine-tuning of every setting (all seeds in one job), then the report: nothing upstream.
+    assert jobs == {"finetune_seeds": 6, "report": 1, "all": 1, "total": 6 + 2}, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_mlflow_server_serves_every_run_with_tags_metrics_and_checkpoint(smoke_run, tmp_path):
+    store = smoke_run["dir"] / "results" / "smoke" / "mlflow.db"
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--backend-store-uri", f"sqlite:///{store}", "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=smoke_run["dir"])
+    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                experiment = _get(f"{base}/experiments/get-by-name?experiment_name=vlbert-ablation-smoke")["experiment"]
+                break
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, "mlflow server did not come up"
+                time.sleep(1)
+        runs, token = [], None
+        while True:
+            page = _get(f"{base}/runs/search", {"experiment_ids": [experiment["experiment_id"]], "max_results": 500,
+                                                **({"page_token": token} if token else {})})
+            runs += page.get("runs", [])
+            token = page.get("next_page_token")
+            if not token:
+                break
+        tags = lambda run: {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+        finetunes = [r for r in runs if tags(r).get("stage") == "finetune" and r["info"]["status"] == "FINISHED"]
+        assert len(finetunes) == 60
+        seen = set()
+        for run in finetunes:
+            t = tags(run)
+            seen.add((t["setting"], t["task"], t["seed"]))
+            assert t["preset"] == "smoke" and t["git_commit"]
+            metrics = {m["key"] for m in run["data"]["metrics"]}
+            assert {"final_val_accuracy", "final_test_accuracy", "loss"} <= metrics
+            listed = _get(f"{base}/artifacts/list?run_id={run['info']['run_id']}&path=checkpoint")
+            assert "checkpoint/model.safetensors" in {f["path"] for f in listed.get("files", [])}
+        assert len(seen) == 60
+        stages = {tags(r).get("stage") for r in runs}
+        assert {"detector", "bert_init", "pretrain", "sweep", "sweep_trial", "finetune"} <= stages
+        sweeps = {r["info"]["run_id"] for r in runs if tags(r).get("stage") == "sweep"}
+        assert all(tags(r)["mlflow.parentRunId"] in sweeps for r in runs if tags(r).get("stage") == "sweep_trial")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,0 +1,320 @@
+"""The study's report, read back from MLflow: Table 4, the paper's findings, figures, runs.csv.
+
+Every figure comes from the MLflow store (runs searched with the client API; VCR Q->AR from the
+prediction artifacts of each seed's Q->A and QA->R runs), so the report says what MLflow says.
+The paper's numbers come from vlbert/reference/paper_numbers.yaml, with their provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+from .. import io  # noqa: E402
+from .registry import SETTINGS, TABLE4_TASKS  # noqa: E402
+
+# Which split each Table 4 column reports (the paper's: VCR val, VQA test-dev, RefCOCO+ val).
+TABLE4_SPLIT = {"vcr_q2a": "val", "vcr_qa2r": "val", "vqa": "test", "refcoco_det": "val"}
+TASK_TITLES = {"vcr_q2a": "VCR Q->A (val)", "vcr_qa2r": "VCR QA->R (val)", "vqa": "VQA (test-dev)",
+               "refcoco_det": "RefCOCO+ det (val)", "refcoco_gt": "RefCOCO+ gt (val)", "vcr_q2ar": "VCR Q->AR (val)"}
+FINDING_TEXT = {
+    "pretrain_helps": "pre-training helps all tasks (full vs no_pretrain)",
+    "mlm_helps": "MLM with visual clues helps (a vs no_pretrain)",
+    "mrc_helps_ref": "masked RoI classification helps RefCOCO+ (b vs a)",
+    "sirp_hurts": "sentence-image relation prediction hurts (c vs b)",
+    "text_helps": "the text-only corpus helps, VCR most (d vs b)",
+    "tune_frcnn_helps": "tuning Fast R-CNN helps (full vs d)",
+}
+
+
+def paper_numbers() -> dict:
+    return yaml.safe_load(resources.files("vlbert.reference").joinpath("paper_numbers.yaml").read_text())
+
+
+# ---- reading MLflow --------------------------------------------------------------------------
+
+def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
+    """Every run of the study, a row each: ids, tags, status and final metrics."""
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ValueError(f"no MLflow experiment {experiment!r} in {uri}")
+    rows = []
+    for run in client.search_runs([found.experiment_id], max_results=50000):
+        tags, metrics = run.data.tags, run.data.metrics
+        rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name, "status": run.info.status,
+                     "stage": tags.get("stage"), "setting": tags.get("setting"), "task": tags.get("task"),
+                     "seed": int(tags["seed"]) if tags.get("seed") not in (None, "") else None,
+                     "lr": float(tags["lr"]) if tags.get("lr") not in (None, "") else None,
+                     "parent_run_id": tags.get("mlflow.parentRunId"), "git_commit": tags.get("git_commit"),
+                     "val_accuracy": metrics.get("final_val_accuracy"),
+                     "test_accuracy": metrics.get("final_test_accuracy"),
+                     "best_epoch": metrics.get("best_epoch"), "artifact_uri": run.info.artifact_uri})
+    return pd.DataFrame(rows)
+
+
+def latest_finished(runs: pd.DataFrame, stage: str) -> pd.DataFrame:
+    """One run per (setting, task, seed): the latest finished one (re-runs replace older ones)."""
+    done = runs[(runs["stage"] == stage) & (runs["status"] == "FINISHED")]
+    return done.drop_duplicates(["setting", "task", "seed"], keep="first")   # search_runs is newest first
+
+
+def vcr_labels(jsonl_path) -> dict:
+    from ..data.vcr import read_vcr
+    return {e.annot_id: (e.answer_label, e.rationale_label) for e in read_vcr(jsonl_path)}
+
+
+def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "val") -> pd.DataFrame:
+    """VCR Q->AR per (setting, seed) from the Q->A and QA->R runs' prediction artifacts."""
+    import mlflow.artifacts
+
+    from ..evaluation.vcr_eval import vcr_accuracy
+    rows = []
+    q2a = finetunes[finetunes["task"] == "vcr_q2a"].set_index(["setting", "seed"])
+    qa2r = finetunes[finetunes["task"] == "vcr_qa2r"].set_index(["setting", "seed"])
+    for key in q2a.index.intersection(qa2r.index):
+        predictions = {}
+        for frame in (q2a, qa2r):
+            path = mlflow.artifacts.download_artifacts(run_id=frame.loc[key, "run_id"],
+                                                       artifact_path=f"predictions_{split}.json", tracking_uri=uri)
+            for p in json.loads(Path(path).read_text()):
+                predictions.setdefault(p["annot_id"], {}).update(p)
+        rows.append({"setting": key[0], "seed": key[1], "task": "vcr_q2ar", "stage": "derived",
+                     f"{split}_accuracy": vcr_accuracy(labels, predictions)["q2ar"]})
+    return pd.DataFrame(rows)
+
+
+# ---- tables ----------------------------------------------------------------------------------
+
+def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
+    """Rows: settings; per task: mean, std and n over seeds of the Table 4 metric."""
+    records = []
+    for setting in SETTINGS:
+        row = {"setting": setting}
+        for task in TABLE4_TASKS:
+            values = finetunes[(finetunes["setting"] == setting) & (finetunes["task"] == task)][
+                f"{TABLE4_SPLIT[task]}_accuracy"].dropna()
+            row[f"{task}_mean"] = values.mean() if len(values) else math.nan
+            row[f"{task}_std"] = values.std(ddof=1) if len(values) > 1 else (0.0 if len(values) else math.nan)
+            row[f"{task}_n"] = len(values)
+        records.append(row)
+    return pd.DataFrame(records).set_index("setting")
+
+
+def _cell(mean, std) -> str:
+    return "-" if math.isnan(mean) else f"{mean:.1f} ± {std:.1f}"
+
+
+def write_tables(table: pd.DataFrame, paper: dict, out: Path) -> None:
+    published = paper["ablation_table4"]
+    marker = " †" if published["provenance"] == "recalled" else ""
+    header = ["setting"] + [f"{TASK_TITLES[t]}" for t in TABLE4_TASKS] + [f"paper {t}{marker}" for t in TABLE4_TASKS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    csv_rows = []
+    for setting in SETTINGS:
+        ours = [_cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"]) for t in TABLE4_TASKS]
+        theirs = [f"{v:.1f}" for v in published["rows"][setting]]
+        lines.append("| " + " | ".join([setting] + ours + theirs) + " |")
+        csv_rows.append({"setting": setting, **{f"{t}_{k}": table.loc[setting, f"{t}_{k}"] for t in TABLE4_TASKS
+                                                for k in ("mean", "std", "n")},
+                         **{f"paper_{t}": v for t, v in zip(TABLE4_TASKS, published["rows"][setting])}})
+    n = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
+    note = (f"\nOurs: mean ± standard deviation over seeds (up to {n} per cell), accuracy in percent. "
+            f"Paper: ICLR 2020 Table 4, VL-BERT_BASE.")
+    if marker:
+        note += (" † The paper's Table 4 numbers are recalled, not confirmed from the paper's text "
+                 "(the seed documents show the table only as an image); its findings are stated in the text.")
+    io.write_text(out / "table4.md", "# Table 4: pre-training ablation\n\n" + "\n".join(lines) + "\n" + note + "\n")
+    pd.DataFrame(csv_rows).to_csv(out / "table4.csv", index=False)
+    tex = ["\\begin{tabular}{l" + "c" * (2 * len(TABLE4_TASKS)) + "}", "\\toprule",
+           "setting & " + " & ".join(TASK_TITLES[t].replace(">", "$>$") for t in TABLE4_TASKS) + " & "
+           + " & ".join(f"paper {i + 1}" for i in range(len(TABLE4_TASKS))) + " \\\\", "\\midrule"]
+    for setting in SETTINGS:
+        ours = [_cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"]).replace("±", "$\\pm$")
+                for t in TABLE4_TASKS]
+        tex.append(f"{setting.replace('_', chr(92) + '_')} & " + " & ".join(ours + [f"{v:.1f}" for v in published["rows"][setting]]) + " \\\\")
+    tex += ["\\bottomrule", "\\end{tabular}"]
+    io.write_text(out / "table4.tex", "\n".join(tex) + "\n")
+
+
+def findings(table: pd.DataFrame, paper: dict) -> list[dict]:
+    """Each of the paper's findings: our deltas per task, whether they agree in sign and whether
+    they exceed the seed spread (the larger of the two settings' standard deviations)."""
+    out = []
+    for finding in paper["ablation_table4"]["findings"]:
+        x, y = finding["compare"]
+        sign = 1 if finding["sign"] == "+" else -1
+        per_task = []
+        for task in finding["tasks"]:
+            dx, dy = table.loc[x, f"{task}_mean"], table.loc[y, f"{task}_mean"]
+            spread = max(table.loc[x, f"{task}_std"], table.loc[y, f"{task}_std"])
+            delta = dx - dy
+            per_task.append({"task": task, "delta": delta, "spread": spread,
+                             "agrees": bool(not math.isnan(delta) and delta * sign > 0),
+                             "beyond_spread": bool(not math.isnan(delta) and abs(delta) > spread)})
+        measured = [t for t in per_task if not math.isnan(t["delta"])]
+        largest = finding.get("largest_on")
+        largest_ok = None
+        if largest and measured:
+            best = max(measured, key=lambda t: t["delta"])
+            largest_ok = best["task"].startswith(largest)
+        out.append({"id": finding["id"], "text": FINDING_TEXT.get(finding["id"], finding["id"]), "compare": [x, y],
+                    "sign": finding["sign"], "tasks": per_task,
+                    "agrees": bool(measured) and all(t["agrees"] for t in measured) and largest_ok is not False,
+                    "beyond_spread": bool(measured) and all(t["beyond_spread"] for t in measured),
+                    "largest_on": largest, "largest_ok": largest_ok})
+    return out
+
+
+def write_findings(results: list[dict], out: Path) -> None:
+    lines = ["# The paper's findings, checked on this run", "",
+             "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* "
+             "when larger than the larger of the two settings' seed standard deviations.", ""]
+    agree = sum(r["agrees"] for r in results)
+    separated = sum(any(t["beyond_spread"] for t in r["tasks"]) for r in results)
+    lines += [f"This run agrees with {agree} of {len(results)} findings; in {separated} of them at least one "
+              "task's delta is beyond the seed spread.", ""]
+    for r in results:
+        verdict = "agrees" if r["agrees"] else "does not agree"
+        lines.append(f"## {r['text']}: {verdict}")
+        lines.append("")
+        lines.append("| task | delta | seed spread | sign as the paper's | beyond spread |")
+        lines.append("|---|---|---|---|---|")
+        for t in r["tasks"]:
+            lines.append(f"| {t['task']} | {t['delta']:+.2f} | {t['spread']:.2f} | "
+                         f"{'yes' if t['agrees'] else 'no'} | {'yes' if t['beyond_spread'] else 'no'} |")
+        if r["largest_on"]:
+            lines.append("")
+            lines.append(f"The paper says the gain is largest on {r['largest_on'].upper()}: "
+                         f"{'so it is here' if r['largest_ok'] else 'not so here'}.")
+        lines.append("")
+    io.write_text(out / "findings.md", "\n".join(lines))
+    io.write_json(out / "findings.json", results, indent=2)
+
+
+# ---- figures ---------------------------------------------------------------------------------
+
+def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
+    settings = list(SETTINGS)
+    fig, axes = plt.subplots(2, len(TABLE4_TASKS), figsize=(4 * len(TABLE4_TASKS), 6.5), squeeze=False)
+    colours = plt.cm.viridis(np.linspace(0.1, 0.9, len(settings)))
+    for k, task in enumerate(TABLE4_TASKS):
+        means = [table.loc[s, f"{task}_mean"] for s in settings]
+        stds = [table.loc[s, f"{task}_std"] for s in settings]
+        axes[0, k].bar(settings, means, yerr=stds, color=colours, capsize=3)
+        axes[0, k].set_title(f"ours: {TASK_TITLES[task]}")
+        published = [paper["ablation_table4"]["rows"][s][k] for s in settings]
+        axes[1, k].bar(settings, published, color=colours, alpha=0.8)
+        axes[1, k].set_title(f"paper: {TASK_TITLES[task]}")
+        for row in (0, 1):
+            values = [v for v in (means if row == 0 else published) if not math.isnan(v)]
+            if values:
+                low = min(values) - 3 * (max(stds) if row == 0 and not all(math.isnan(s) for s in stds) else 1)
+                axes[row, k].set_ylim(max(0, low), max(values) + 3)
+            axes[row, k].tick_params(axis="x", rotation=45)
+    axes[0, 0].set_ylabel("accuracy (%)")
+    axes[1, 0].set_ylabel("accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure_heatmap(table: pd.DataFrame, paper: dict, path: Path) -> None:
+    settings = [s for s in SETTINGS if s != "no_pretrain"]
+    ours = np.array([[table.loc[s, f"{t}_mean"] - table.loc["no_pretrain", f"{t}_mean"] for t in TABLE4_TASKS]
+                     for s in settings])
+    rows = paper["ablation_table4"]["rows"]
+    theirs = np.array([[rows[s][k] - rows["no_pretrain"][k] for k in range(len(TABLE4_TASKS))] for s in settings])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, values, title in ((axes[0], ours, "ours"), (axes[1], theirs, "paper")):
+        limit = np.nanmax(np.abs(values)) if np.isfinite(values).any() else 1.0
+        image = ax.imshow(values, cmap="RdBu", vmin=-limit, vmax=limit)
+        ax.set_xticks(range(len(TABLE4_TASKS)), [TASK_TITLES[t] for t in TABLE4_TASKS], rotation=30, ha="right")
+        ax.set_yticks(range(len(settings)), settings)
+        for i in range(len(settings)):
+            for j in range(len(TABLE4_TASKS)):
+                if np.isfinite(values[i, j]):
+                    ax.text(j, i, f"{values[i, j]:+.1f}", ha="center", va="center", fontsize=8)
+        ax.set_title(f"{title}: accuracy minus no_pretrain")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure_sweeps(sweep_files: list[Path], path: Path) -> None:
+    summaries = [json.loads(p.read_text()) for p in sweep_files if p.is_file()]
+    tasks = sorted({s["task"] for s in summaries})
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.6), squeeze=False)
+    for k, task in enumerate(tasks):
+        ax = axes[0, k]
+        for s in sorted((s for s in summaries if s["task"] == task), key=lambda s: list(SETTINGS).index(s["setting"])):
+            points = [(t["lr"], t["best_val_accuracy"]) for t in s["trials"] if t["best_val_accuracy"] is not None]
+            if points:
+                ax.plot(*zip(*sorted(points)), marker="o", label=s["setting"])
+        ax.set_xscale("log")
+        ax.set_title(f"LR sweep: {TASK_TITLES.get(task, task)}")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("best val accuracy (%)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure_pretraining(uri: str, runs: pd.DataFrame, path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(uri)
+    pretrains = runs[(runs["stage"] == "pretrain") & (runs["status"] == "FINISHED")].drop_duplicates("setting")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for _, run in pretrains.iterrows():
+        history = client.get_metric_history(run["run_id"], "loss")
+        if history:
+            steps, values = zip(*sorted((m.step, m.value) for m in history))
+            ax.plot(steps, values, label=run["setting"])
+    ax.set_xlabel("step")
+    ax.set_ylabel("pre-training loss (sum of the setting's losses)")
+    ax.set_title("Pre-training loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), vcr_val=None) -> dict:
+    """vcr_val: the VCR val.jsonl, whose labels Q->AR is scored against (no Q->AR without it)."""
+    out = Path(out)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    paper = paper_numbers()
+    runs = collect_runs(uri, experiment)
+    if runs.empty:
+        raise ValueError(f"MLflow experiment {experiment!r} has no runs yet")
+    runs.sort_values(["stage", "setting", "task", "seed"], na_position="last").to_csv(out / "runs.csv", index=False)
+    finetunes = latest_finished(runs, "finetune")
+    derived = (derive_q2ar(uri, finetunes, vcr_labels(vcr_val))
+               if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]) else pd.DataFrame())
+    table = table4(finetunes)
+    write_tables(table, paper, out)
+    if not derived.empty:
+        q2ar = derived.groupby("setting")["val_accuracy"].agg(["mean", "std", "count"]).reindex(list(SETTINGS))
+        lines = ["| setting | VCR Q->AR (val) |", "|---|---|"]
+        lines += [f"| {s} | {_cell(r['mean'], r['std'] if not math.isnan(r['std']) else 0.0)} |" for s, r in q2ar.iterrows()]
+        io.write_text(out / "vcr_q2ar.md", "# VCR Q->AR, from each seed's Q->A and QA->R runs\n\n" + "\n".join(lines) + "\n")
+    results = findings(table, paper)
+    write_findings(results, out)
+    figure_bars(table, paper, out / "figures" / "table4_bars.png")
+    figure_heatmap(table, paper, out / "figures" / "delta_heatmap.png")
+    figure_sweeps(list(sweep_files), out / "figures" / "lr_sweeps.png")
+    figure_pretraining(uri, runs, out / "figures" / "pretraining_loss.png")
+    return {"runs": len(runs), "finetune_runs": len(finetunes), "findings_agreeing": sum(r["agrees"] for r in results)}
