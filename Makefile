@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 reproduce: $(STAMP)  ## run the whole study on the embedded default (PRESET=smoke for a quick one)
-	$(VENV)/bin/snakemake --profile workflow/profiles/default --configfile experiments/$(PRESET).yaml
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --profile workflow/profiles/default --configfile experiments/$(PRESET).yaml
 
 test: $(STAMP)  ## the whole test suite, slow end-to-end tests included
 	$(VENV)/bin/python -m pytest

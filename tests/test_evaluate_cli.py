@@ -29,6 +29,17 @@ def test_evaluate_vcr(capsys):
     assert "q2a: 100.00  qa2r: 50.00  q2ar: 50.00" in capsys.readouterr().out
 
 
+def test_evaluate_vcr_q2ar_from_a_pair_of_runs(tmp_path, capsys):
+    both = json.loads((FIXTURES / "vcr/predictions.json").read_text())
+    q2a = [{"annot_id": p["annot_id"], **{k: v for k, v in p.items() if k.startswith("answer")}} for p in both]
+    qa2r = [{"annot_id": p["annot_id"], **{k: v for k, v in p.items() if k.startswith("rationale")}} for p in both]
+    (tmp_path / "q2a.json").write_text(json.dumps(q2a))
+    (tmp_path / "qa2r.json").write_text(json.dumps(qa2r))
+    assert main(["evaluate", "vcr", "--annotations", str(FIXTURES / "vcr/val.jsonl"),
+                 "--predictions", str(tmp_path / "q2a.json"), str(tmp_path / "qa2r.json")]) == 0
+    assert "q2a: 100.00  qa2r: 50.00  q2ar: 50.00" in capsys.readouterr().out
+
+
 def test_evaluate_refcoco(refcoco_fixture, tmp_path, capsys):
     predictions = [
         {"sent_id": 0, "bbox": [103.93, 299.99, 134.22, 128.0]},   # exact: IoU 1

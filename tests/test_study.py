@@ -14,6 +14,8 @@ import yaml
 
 from conftest import REPO
 
+SMOKE = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
+SEEDS = len(SMOKE["sweep"]["seeds"])
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
 
 
@@ -59,9 +61,9 @@ def test_smoke_study_writes_the_report(smoke_run):
     import pandas as pd
     runs = pd.read_csv(report / "runs.csv")
     finetunes = runs[(runs["stage"] == "finetune") & (runs["status"] == "FINISHED")]
-    assert len(finetunes) == 6 * 5 * 2                          # settings x tasks x seeds
+    assert len(finetunes) == 6 * 5 * SEEDS                      # settings x tasks x seeds
     csv = pd.read_csv(report / "table4.csv").set_index("setting")
-    assert (csv["vqa_n"] == 2).all()
+    assert (csv["vqa_n"] == SEEDS).all()
 
 
 @pytest.mark.slow
@@ -82,10 +84,11 @@ def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path
     result = subprocess.run(SNAKEMAKE + ["-n", "--configfile", str(changed), "--directory", str(smoke_run["dir"])],
                             capture_output=True, text=True, env=smoke_run["env"])
     assert result.returncode == 0, result.stderr[-3000:]
-    jobs = {line.split()[0]: int(line.split()[1]) for line in result.stdout.splitlines()
+    table = result.stdout.split("Job stats:")[1].split("\n\n")[0]
+    jobs = {line.split()[0]: int(line.split()[1]) for line in table.splitlines()
             if len(line.split()) == 2 and line.split()[1].isdigit()}
-    # VQA fine-tuning of every setting (all seeds in one job), then the report: nothing upstream.
-    assert jobs == {"finetune_seeds": 6, "report": 1, "all": 1, "total": 6 + 2}, result.stdout[-2000:]
+    # The VQA sweep and VQA fine-tuning of every setting (all seeds in one job), then the report.
+    assert jobs == {"sweep": 6, "finetune_seeds": 6, "report": 1, "all": 1, "total": 6 + 6 + 2}, result.stdout[-2000:]
 
 
 @pytest.mark.slow
@@ -115,7 +118,7 @@ def test_mlflow_server_serves_every_run_with_tags_metrics_and_checkpoint(smoke_r
                 break
         tags = lambda run: {t["key"]: t["value"] for t in run["data"].get("tags", [])}
         finetunes = [r for r in runs if tags(r).get("stage") == "finetune" and r["info"]["status"] == "FINISHED"]
-        assert len(finetunes) == 60
+        assert len(finetunes) == 30 * SEEDS
         seen = set()
         for run in finetunes:
             t = tags(run)
@@ -125,7 +128,7 @@ def test_mlflow_server_serves_every_run_with_tags_metrics_and_checkpoint(smoke_r
             assert {"final_val_accuracy", "final_test_accuracy", "loss"} <= metrics
             listed = _get(f"{base}/artifacts/list?run_id={run['info']['run_id']}&path=checkpoint")
             assert "checkpoint/model.safetensors" in {f["path"] for f in listed.get("files", [])}
-        assert len(seen) == 60
+        assert len(seen) == 30 * SEEDS
         stages = {tags(r).get("stage") for r in runs}
         assert {"detector", "bert_init", "pretrain", "sweep", "sweep_trial", "finetune"} <= stages
         sweeps = {r["info"]["run_id"] for r in runs if tags(r).get("stage") == "sweep"}

@@ -298,3 +298,22 @@ def test_autocast_precision_trains(tmp_path, precision):
     assert loss_fn(model, {"x": x, "y": y})[0].item() < 0.8 * before
     with pytest.raises(ValueError, match="precision"):
         TrainingLoop(model, optimizer, scheduler, LoopConfig(1, 1, precision="fp8"), tmp_path, None, None, NullTracker())
+
+
+# ---- Ray Tune sweeps -------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_sweep_retries_a_crashed_trial_and_writes_best_json(smoke_study, smoke_config, tmp_path, monkeypatch):
+    from vlbert.study.sweep import run_sweeps
+    monkeypatch.setenv("VLBERT_FAULT_ONCE", str(tmp_path / "crashed"))      # the first trial to start crashes once
+    preset = {**smoke_config, "sweep": {**smoke_config["sweep"], "lrs": [1e-3, 3e-3], "max_failures": 1}}
+    summaries = run_sweeps(preset, "no_pretrain", ["refcoco_gt"], tmp_path / "sweep", data_root=smoke_study["data"],
+                           features_dir=smoke_study["features"], bert=smoke_study["bert"],
+                           detector=smoke_study["detector"], cores=2)
+    assert (tmp_path / "crashed").exists()                                  # a trial did crash
+    best = json.loads((tmp_path / "sweep" / "refcoco_gt" / "best.json").read_text())
+    assert best == summaries["refcoco_gt"] and best["lr"] in (1e-3, 3e-3)
+    assert [t["lr"] for t in best["trials"]] == [1e-3, 3e-3]
+    assert all(t["best_val_accuracy"] is not None for t in best["trials"])   # the crashed one was retried
+    # Trials never look at test.
+    assert not list((tmp_path / "sweep").rglob("predictions_test.json"))

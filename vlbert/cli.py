@@ -255,7 +255,11 @@ def _evaluate_vcr(args) -> int:
     labels = {e.annot_id: (e.answer_label, e.rationale_label) for e in examples}
     if any(a is None or r is None for a, r in labels.values()):
         raise SystemExit(f"{args.annotations}: has no labels (the real VCR test split is scored by the leaderboard)")
-    predictions = {p["annot_id"]: p for p in _records(args.predictions, "annot_id")}
+    # Q->AR comes from a pair of runs: a Q->A and a QA->R predictions file, merged per annot_id.
+    predictions = {}
+    for path in args.predictions:
+        for p in _records(path, "annot_id"):
+            predictions.setdefault(p["annot_id"], {}).update(p)
     result = vcr_accuracy(labels, predictions)
     print("VCR accuracy: " + "  ".join(f"{k}: {result[k]:.2f}" for k in ("q2a", "qa2r", "q2ar") if k in result))
     _write_result(result, args.out)
@@ -434,8 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
                          description='Predictions: [{"sent_id": ..., "bbox": [x, y, w, h]}].')
     q.add_argument("--root", required=True, help="folder with refs(unc).p and instances.json")
     q.set_defaults(func=_evaluate_refcoco)
-    for q in tasks.choices.values():
-        q.add_argument("--predictions", required=True, help="predictions JSON in the official results format")
+    for name, q in tasks.choices.items():
+        if name == "vcr":
+            q.add_argument("--predictions", required=True, nargs="+",
+                           help="predictions JSON (official format); a Q->A and a QA->R file together give Q->AR")
+        else:
+            q.add_argument("--predictions", required=True, help="predictions JSON in the official results format")
         q.add_argument("--out", help="also write the figures as JSON here")
     return parser
 

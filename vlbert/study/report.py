@@ -25,8 +25,9 @@ from .registry import SETTINGS, TABLE4_TASKS  # noqa: E402
 
 # Which split each Table 4 column reports (the paper's: VCR val, VQA test-dev, RefCOCO+ val).
 TABLE4_SPLIT = {"vcr_q2a": "val", "vcr_qa2r": "val", "vqa": "test", "refcoco_det": "val"}
-TASK_TITLES = {"vcr_q2a": "VCR Q->A (val)", "vcr_qa2r": "VCR QA->R (val)", "vqa": "VQA (test-dev)",
-               "refcoco_det": "RefCOCO+ det (val)", "refcoco_gt": "RefCOCO+ gt (val)", "vcr_q2ar": "VCR Q->AR (val)"}
+TASK_NAMES = {"vcr_q2a": "VCR Q->A", "vcr_qa2r": "VCR QA->R", "vqa": "VQA", "refcoco_det": "RefCOCO+ det",
+              "refcoco_gt": "RefCOCO+ gt", "vcr_q2ar": "VCR Q->AR"}
+TASK_TITLES = {t: f"{name} ({'test-dev' if TABLE4_SPLIT.get(t) == 'test' else 'val'})" for t, name in TASK_NAMES.items()}
 FINDING_TEXT = {
     "pretrain_helps": "pre-training helps all tasks (full vs no_pretrain)",
     "mlm_helps": "MLM with visual clues helps (a vs no_pretrain)",
@@ -236,7 +237,7 @@ def figure_heatmap(table: pd.DataFrame, paper: dict, path: Path) -> None:
                      for s in settings])
     rows = paper["ablation_table4"]["rows"]
     theirs = np.array([[rows[s][k] - rows["no_pretrain"][k] for k in range(len(TABLE4_TASKS))] for s in settings])
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for ax, values, title in ((axes[0], ours, "ours"), (axes[1], theirs, "paper")):
         limit = np.nanmax(np.abs(values)) if np.isfinite(values).any() else 1.0
         image = ax.imshow(values, cmap="RdBu", vmin=-limit, vmax=limit)
@@ -264,7 +265,7 @@ def figure_sweeps(sweep_files: list[Path], path: Path) -> None:
             if points:
                 ax.plot(*zip(*sorted(points)), marker="o", label=s["setting"])
         ax.set_xscale("log")
-        ax.set_title(f"LR sweep: {TASK_TITLES.get(task, task)}")
+        ax.set_title(f"LR sweep: {TASK_NAMES.get(task, task)} (val)")
         ax.set_xlabel("learning rate")
         ax.set_ylabel("best val accuracy (%)")
         ax.legend(fontsize=7)

@@ -38,6 +38,10 @@ def preset_file():
     return files[0]
 
 
+# A sweep job takes cpus_per_trial x concurrent_trials cores; on a small machine several sweeps
+# then run side by side, their start-up costs overlapping.
+SWEEP_THREADS = min(workflow.cores, config.get("sweep", {}).get("cpus_per_trial", 1)
+                    * config.get("sweep", {}).get("concurrent_trials", 1))
 PRETRAIN_SETTINGS = [s for s, spec in SETTINGS.items() if spec.pretrains]
 SEEDS = config.get("sweep", {}).get("seeds", [config["seed"]])
 REPORT = f"reports/{PRESET}"
