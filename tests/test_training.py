@@ -19,6 +19,19 @@ from vlbert.engine.optim import build_optimizer, build_scheduler
 from vlbert.study.registry import SETTINGS
 
 
+class Tiny(torch.nn.Module):
+    """The smallest model the training loop can checkpoint."""
+
+    def __init__(self, inputs: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(inputs, 1)
+
+    def save_pretrained(self, folder):
+        from safetensors.torch import save_file
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(self.state_dict(), str(folder / "model.safetensors"))
+
+
 def _metrics(path):
     metrics = json.loads((path / "metrics.json").read_text())
     metrics.pop("data_wait_share")
@@ -190,17 +203,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp
     from vlbert.engine.loop import LoopConfig, TrainingLoop
     from vlbert.tracking import NullTracker
 
-    class Tiny(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(2, 1)
-
-        def save_pretrained(self, folder):
-            from safetensors.torch import save_file
-            folder.mkdir(parents=True, exist_ok=True)
-            save_file(self.state_dict(), str(folder / "model.safetensors"))
-
-    model = Tiny()
+    model = Tiny(2)
     optimizer = build_optimizer(model, {"lr": 0.1})
     scheduler = build_scheduler(optimizer, {}, 20, 10)
     make_batch = lambda epoch, b: {"x": torch.ones(1, 2), "poison": epoch * 10 + b == 6}
@@ -275,18 +278,8 @@ def test_autocast_precision_trains(tmp_path, precision):
     from vlbert.engine.loop import LoopConfig, TrainingLoop
     from vlbert.tracking import NullTracker
 
-    class Tiny(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(4, 1)
-
-        def save_pretrained(self, folder):
-            from safetensors.torch import save_file
-            folder.mkdir(parents=True, exist_ok=True)
-            save_file(self.state_dict(), str(folder / "model.safetensors"))
-
     torch.manual_seed(0)
-    model = Tiny()
+    model = Tiny(4)
     x, y = torch.randn(64, 4), torch.randn(64, 1)
     optimizer = build_optimizer(model, {"lr": 0.05, "weight_decay": 0.0})
     scheduler = build_scheduler(optimizer, {}, 40, 20)
