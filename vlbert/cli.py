@@ -105,18 +105,15 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True):
 
 def _run_tracked(tracker, out: Path, work):
     """Run `work`; log its output folder's metrics.json and best checkpoint; close the run."""
-    from .engine.distributed import shutdown
     try:
         result = work()
     except BaseException:
         tracker.close("FAILED")
-        shutdown()
         raise
     for name in ("metrics.json", "predictions_val.json", "predictions_test.json", "best"):
         if (out / name).exists():
             tracker.log_artifact(out / name, "checkpoint" if name == "best" else None)
     tracker.close()
-    shutdown()
     return result
 
 
@@ -456,11 +453,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own bars say what is going on
+    from .engine.distributed import shutdown
     try:
         return args.func(args)
     except (ConfigError, DataFormatError, FileNotFoundError, ValueError, TrackingStoreError, ImportError) as exc:
         print(f"vlbert {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        shutdown()  # leave a torchrun process group, if this process joined one
 
 
 if __name__ == "__main__":
