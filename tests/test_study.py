@@ -1,7 +1,6 @@
 """The one-command study on the smoke preset: the DAG end to end, the report, MLflow over REST."""
 
 import json
-import shutil
 import socket
 import subprocess
 import sys

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO, study_args
+from conftest import study_args
 from vlbert.cli import main
 from vlbert.engine.optim import build_optimizer, build_scheduler
 from vlbert.study.registry import SETTINGS

@@ -18,7 +18,7 @@ import torch
 from ..data.feature_store import FeatureStore
 from ..detection.train import load_image
 from ..modeling.modeling_vlbert import IGNORE_INDEX, VisualInputs
-from ..modeling.processing_vlbert import VLBertProcessor, Word, pad_batch
+from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
 
 MASK_PROBABILITY = 0.15
 

@@ -165,6 +165,15 @@ class VCRTask(Task):
                         "regions": regions_of(store, str(e.image_path.relative_to(root / "vcr1images")), e.image_path)})
         return out
 
+    def _labels(self, split: str) -> dict:
+        """annot_id -> (answer, rationale) labels, read once per split (val is scored every epoch)."""
+        from ..data.vcr import read_vcr
+        cache = self.__dict__.setdefault("_label_cache", {})
+        if split not in cache:
+            cache[split] = {e.annot_id: (e.answer_label, e.rationale_label)
+                            for e in read_vcr(self.data_root / "vcr" / f"{split}.jsonl")}
+        return cache[split]
+
     def collate(self, examples):
         encodings, regions = [], []
         for e in examples:
@@ -183,10 +192,8 @@ class VCRTask(Task):
         return [{"annot_id": e["id"], key: p} for e, p in zip(examples, probs)]
 
     def score(self, predictions, split):
-        from ..data.vcr import read_vcr
         from ..evaluation.vcr_eval import vcr_accuracy
-        labels = {e.annot_id: (e.answer_label, e.rationale_label) for e in read_vcr(self.data_root / "vcr" / f"{split}.jsonl")}
-        result = vcr_accuracy(labels, {p["annot_id"]: p for p in predictions})
+        result = vcr_accuracy(self._labels(split), {p["annot_id"]: p for p in predictions})
         return {"accuracy": result["q2a" if self.name == "vcr_q2a" else "qa2r"]}
 
 
