@@ -65,7 +65,8 @@ def smoke_study(smoke_config, smoke_world, smoke_detector, tmp_path_factory):
               ("refcoco+", "all", "det"), ("refcoco+", "all", "gt")]
     for dataset, split, boxes in stores:
         items = image_items(smoke_world / dataset, dataset, split, gt_boxes=boxes == "gt")
-        extract_to_store(backend, items, root / "features" / f"{dataset}.{split}.{boxes}.h5", progress=False)
+        extract_to_store(backend, items, root / "features" / f"{dataset}.{split}.{boxes}.h5", progress=False,
+                         attrs={"dataset": dataset, "split": split})
     assert main(["bert-init", "--config", str(REPO / "experiments/smoke.yaml"), "--data", str(smoke_world),
                  "--out", str(root / "bert_init"), "--quiet", "--no-tracking"]) == 0
     paths = {"root": root, "data": smoke_world, "detector": smoke_detector, "features": root / "features",

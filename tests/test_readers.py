@@ -58,11 +58,22 @@ def test_generated_refcoco_reads_back(smoke_world):
 
 
 def test_generated_detector_split_reads_back(smoke_world):
+    import numpy as np
+    from PIL import Image
+    from vlbert.data.synthetic.world import COLOURS, SHAPES
     for split, n in (("train", 60), ("val", 20)):
         coco = read_coco(smoke_world / f"detector/annotations/instances_{split}2017.json",
                          smoke_world / f"detector/{split}2017")
-        assert len(coco.imgs) == n and len(coco.cats) == 6
+        assert len(coco.imgs) == n
         assert all((coco.image_root / img["file_name"]).is_file() for img in coco.imgs.values())
+        # Visual Genome-like classes: coloured shapes, so detector features must carry colour.
+        assert sorted(c["name"] for c in coco.cats.values()) == sorted(f"{c} {s}" for c in COLOURS for s in SHAPES)
+        for ann in list(coco.anns.values())[:20]:
+            x, y, w, h = ann["bbox"]
+            image = np.asarray(Image.open(coco.image_root / coco.imgs[ann["image_id"]]["file_name"]).convert("RGB"))
+            centre = image[int(y + h / 2), int(x + w / 2)].astype(float)
+            nearest = min(COLOURS, key=lambda c: ((np.array(COLOURS[c]) - centre) ** 2).sum())
+            assert coco.cats[ann["category_id"]]["name"].split()[0] == nearest
 
 
 # ---- the hand-written fixtures in the official formats --------------------------------------

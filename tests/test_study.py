@@ -86,7 +86,7 @@ def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path
     table = result.stdout.split("Job stats:")[1].split("\n\n")[0]
     jobs = {line.split()[0]: int(line.split()[1]) for line in table.splitlines()
             if len(line.split()) == 2 and line.split()[1].isdigit()}
-    # The VQA sweep and VQA fine-tuning of every setting (all seeds in one job), then the report.
+    # The sweep and fine-tuning jobs of every setting (one job per setting and stage), then the report.
     assert jobs == {"sweep": 6, "finetune_seeds": 6, "report": 1, "all": 1, "total": 6 + 6 + 2}, result.stdout[-2000:]
 
 

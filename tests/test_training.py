@@ -72,6 +72,16 @@ def test_biases_and_norms_get_no_weight_decay():
     assert len(decay["params"]) == 1 and decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
 
 
+def test_the_tuned_fast_rcnn_takes_its_own_rate_through_the_schedule():
+    model = torch.nn.ModuleDict({"fast_rcnn": torch.nn.Linear(2, 2), "head": torch.nn.Linear(2, 2)})
+    optimizer = build_optimizer(model, {"lr": 1.0, "frcnn_lr_factor": 0.1})
+    rates = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    assert rates[id(model["fast_rcnn"].weight)] == rates[id(model["fast_rcnn"].bias)] == pytest.approx(0.1)
+    assert rates[id(model["head"].weight)] == rates[id(model["head"].bias)] == 1.0
+    scheduler = build_scheduler(optimizer, {"warmup_steps": 2, "schedule": "linear_decay"}, 10, 5)
+    assert sorted(scheduler.get_last_lr()) == pytest.approx([0.05, 0.05, 0.5, 0.5])   # warm-up keeps the ratio
+
+
 # ---- the stages ------------------------------------------------------------------------------
 
 def test_bert_init_checkpoint_loads_into_vlbert(smoke_study):
@@ -156,13 +166,41 @@ def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tm
         assert f"testB: {metrics['test']['accuracy_testB']:.2f}" in printed
 
 
-def test_finetune_from_a_pretrained_setting(smoke_study, tmp_path):
+def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp_path):
+    """`full` tuned Fast R-CNN in pre-training: tune-features recomputes a store with the tuned
+    module once (the features it computes from the images), and fine-tuning `full` reads them."""
+    import numpy as np
+    from vlbert.data.feature_store import FeatureStore
+    from vlbert.detection.sources import image_items
+    from vlbert.detection.train import load_image
+    from vlbert.engine.tuned_features import recomputes_features
+    from vlbert.modeling import VLBertForPreTraining
     pretrained = smoke_study["root"] / "pretrain" / "full" / "best"
     if not pretrained.exists():
         pytest.skip("runs after the pre-training tests")
+    store = smoke_study["features"] / "refcoco+.all.det.h5"
+    assert main(["tune-features", "--config", str(smoke_study["preset"]), "--pretrained", str(pretrained),
+                 "--store", str(store), "--out", str(tmp_path / "tuned"), "--data", str(smoke_study["data"]),
+                 "--quiet"]) == 0
+    tuned_path = tmp_path / "tuned" / store.name
+    assert recomputes_features(SETTINGS["full"], [store], pretrained)
+    assert not recomputes_features(SETTINGS["full"], [tuned_path], pretrained)
+    assert not recomputes_features(SETTINGS["d"], [store], None)
+    fast_rcnn = VLBertForPreTraining.from_pretrained(pretrained).vlbert.fast_rcnn.eval()
+    paths = {item.key: item.path for item in image_items(smoke_study["data"] / "refcoco+", "refcoco+", "all")}
+    with FeatureStore(store) as original, FeatureStore(tuned_path) as tuned:
+        assert tuned.keys == original.keys
+        key = tuned.keys[-1]
+        assert np.array_equal(tuned[key]["boxes"], original[key]["boxes"])
+        assert np.array_equal(tuned[key]["labels"], original[key]["labels"])
+        with torch.no_grad():
+            expected = fast_rcnn([load_image(paths[key])], [torch.from_numpy(original[key]["boxes"])])[0]
+        assert torch.allclose(torch.from_numpy(tuned[key]["features"]), expected, atol=1e-4)
+        assert not np.allclose(tuned[key]["features"], original[key]["features"], atol=1e-4)  # tuning moved them
     assert main(["finetune", "--setting", "full", "--task", "refcoco_det", "--lr", "0.001", "--seed", "1",
-                 "--out", str(tmp_path), "--pretrained", str(pretrained), *study_args(smoke_study)]) == 0
-    assert json.loads((tmp_path / "metrics.json").read_text())["setting"] == "full"
+                 "--out", str(tmp_path / "full"), "--pretrained", str(pretrained),
+                 *study_args({**smoke_study, "features": tmp_path / "tuned"})]) == 0
+    assert json.loads((tmp_path / "full" / "metrics.json").read_text())["setting"] == "full"
 
 
 # ---- determinism and crash safety ------------------------------------------------------------
@@ -296,17 +334,37 @@ def test_autocast_precision_trains(tmp_path, precision):
 # ---- Ray Tune sweeps -------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_sweep_retries_a_crashed_trial_and_writes_best_json(smoke_study, smoke_config, tmp_path, monkeypatch):
+def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(smoke_study, smoke_config, tmp_path, monkeypatch):
     from vlbert.study.sweep import run_sweeps
     monkeypatch.setenv("VLBERT_FAULT_ONCE", str(tmp_path / "crashed"))      # the first trial to start crashes once
-    preset = {**smoke_config, "sweep": {**smoke_config["sweep"], "lrs": [1e-3, 3e-3], "max_failures": 1}}
-    summaries = run_sweeps(preset, "no_pretrain", ["refcoco_gt"], tmp_path / "sweep", data_root=smoke_study["data"],
+    # One Tuner for both tasks, each with its own rates (VCR's SGD needs other rates than AdamW).
+    lrs = {"vcr": [2e-2], "vqa": [1e-3], "refcoco": [1e-3, 3e-3]}
+    preset = {**smoke_config, "sweep": {**smoke_config["sweep"], "lrs": lrs, "max_failures": 1}}
+    summaries = run_sweeps(preset, "no_pretrain", ["refcoco_gt", "vqa"], tmp_path / "sweep", data_root=smoke_study["data"],
                            features_dir=smoke_study["features"], bert=smoke_study["bert"],
                            detector=smoke_study["detector"], cores=2)
     assert (tmp_path / "crashed").exists()                                  # a trial did crash
-    best = json.loads((tmp_path / "sweep" / "refcoco_gt" / "best.json").read_text())
-    assert best == summaries["refcoco_gt"] and best["lr"] in (1e-3, 3e-3)
-    assert [t["lr"] for t in best["trials"]] == [1e-3, 3e-3]
-    assert all(t["best_val_accuracy"] is not None for t in best["trials"])   # the crashed one was retried
+    best = {task: json.loads((tmp_path / "sweep" / task / "best.json").read_text()) for task in ("refcoco_gt", "vqa")}
+    assert best == summaries and best["refcoco_gt"]["lr"] in (1e-3, 3e-3) and best["vqa"]["lr"] == 1e-3
+    assert [t["lr"] for t in best["refcoco_gt"]["trials"]] == [1e-3, 3e-3]
+    assert [t["lr"] for t in best["vqa"]["trials"]] == [1e-3]
+    assert all(t["best_val_accuracy"] is not None for b in best.values() for t in b["trials"])  # the crash was retried
     # Trials never look at test.
     assert not list((tmp_path / "sweep").rglob("predictions_test.json"))
+    # The seeds re-run each task's chosen rate, every (task, seed) in OUT/<task>/seed<N>/.
+    assert main(["finetune", "--setting", "no_pretrain", "--task", "refcoco_gt", "vqa", "--lr-from",
+                 str(tmp_path / "sweep"), "--seed", "0", "1", "--out", str(tmp_path / "seeds"),
+                 *study_args(smoke_study)]) == 0
+    for task in ("refcoco_gt", "vqa"):
+        for seed in (0, 1):
+            metrics = json.loads((tmp_path / "seeds" / task / f"seed{seed}" / "metrics.json").read_text())
+            assert (metrics["task"], metrics["seed"], metrics["lr"]) == (task, seed, best[task]["lr"])
+            assert metrics["test"]                                           # the chosen runs are scored on test
+
+
+def test_several_tasks_take_their_rates_from_a_sweep_folder(smoke_study, tmp_path, capsys):
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({"lr": 1e-3}))
+    assert main(["finetune", "--setting", "no_pretrain", "--task", "vqa", "refcoco_gt", "--lr-from", str(best),
+                 "--seed", "0", "--out", str(tmp_path / "out"), *study_args(smoke_study)]) == 2
+    assert "several tasks need a sweep folder" in capsys.readouterr().err

@@ -76,6 +76,29 @@ def _extract_rois(args) -> int:
     return 0
 
 
+def _tune_features(args) -> int:
+    import torch
+
+    from .config import load_config
+    from .engine.tuned_features import image_paths_for, tune_store
+    from .modeling.modeling_vlbert import VLBertForPreTraining
+
+    config = load_config(args.config, check_paths_exist=True)
+    if args.data:
+        config["data"]["root"] = args.data
+    torch.set_num_threads(args.threads)
+    model = VLBertForPreTraining.from_pretrained(args.pretrained)
+    if model.vlbert.fast_rcnn is None:
+        raise ValueError(f"{args.pretrained}: this checkpoint has no Fast R-CNN module (its setting does not tune it)")
+    fast_rcnn = model.vlbert.fast_rcnn.to(args.device)
+    for store in args.store:
+        out = Path(args.out) / Path(store).name
+        summary = tune_store(fast_rcnn, args.pretrained, store, image_paths_for(config, store), out,
+                             batch_size=args.batch_size, progress=not args.quiet)
+        print(f"{out}: {summary['images']} images, {summary['regions']} regions")
+    return 0
+
+
 def _training_context(args, stage: str, tags: dict, tracked: bool = True):
     """Shared by the training verbs: preset, threads, device, processor, MLflow tracker."""
     import torch
@@ -163,24 +186,36 @@ def _finetune(args) -> int:
     chosen = setting(args.setting)
     if (args.lr is None) == (args.lr_from is None):
         raise ValueError("give exactly one of --lr and --lr-from")
-    if args.lr_from:
-        from .study.sweep import read_best_lr
-        args.lr = read_best_lr(args.lr_from)
-    # Several seeds run one after the other in this process (one import, one data load), each
-    # its own MLflow run, in OUT/seed<N>/.
-    for seed in args.seed:
-        out = Path(args.out) / f"seed{seed}" if len(args.seed) > 1 else Path(args.out)
+    lrs = {task: args.lr if args.lr is not None else _swept_lr(args.lr_from, task, len(args.task))
+           for task in args.task}
+    # Every (task, seed) runs one after the other in this process (one import, one data load per
+    # task), each its own MLflow run: in OUT itself for a single one, else in OUT/<task>/seed<N>/.
+    runs = [(task, seed) for task in args.task for seed in args.seed]
+    for task, seed in runs:
+        out = Path(args.out) / task / f"seed{seed}" if len(runs) > 1 else Path(args.out)
         config, device, results, bert, processor, tracker = _training_context(
-            args, "finetune", {"setting": chosen.name, "task": args.task, "seed": seed, "lr": args.lr})
+            args, "finetune", {"setting": chosen.name, "task": task, "seed": seed, "lr": lrs[task]})
         pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
         metrics = _run_tracked(tracker, out, lambda: finetune(
-            config, chosen, args.task, args.lr, seed, out, config["data"]["root"], args.features or results / "features",
+            config, chosen, task, lrs[task], seed, out, config["data"]["root"], args.features or results / "features",
             tracker, processor, pretrained=pretrained, bert=bert, detector_dir=args.detector or results / "detector",
             device=device, progress=not args.quiet))
         if metrics:
-            print(f"finetune {chosen.name}/{args.task} seed {seed}: val {metrics['val']['accuracy']:.2f} "
+            print(f"finetune {chosen.name}/{task} seed {seed}: val {metrics['val']['accuracy']:.2f} "
                   f"(epoch {metrics['best_epoch']}), test {metrics['test']['accuracy']:.2f}")
     return 0
+
+
+def _swept_lr(lr_from: str, task: str, tasks: int) -> float:
+    """The learning rate a sweep chose: from its best.json, or from SWEEP_DIR/<task>/best.json."""
+    from .study.sweep import read_best_lr
+
+    path = Path(lr_from)
+    if path.is_dir():
+        return read_best_lr(path / task / "best.json")
+    if tasks > 1:
+        raise ValueError(f"--lr-from {lr_from}: several tasks need a sweep folder holding <task>/best.json")
+    return read_best_lr(path)
 
 
 def _sweep(args) -> int:
@@ -382,23 +417,41 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_arguments(p)
     p.set_defaults(func=_pretrain)
 
-    p = verbs.add_parser("finetune", help="fine-tune one setting on one task",
-                         description="Fine-tune on a task with one learning rate and seed: per-epoch validation, "
-                                     "best epoch kept, test scored once; predictions in the official formats.")
+    p = verbs.add_parser("finetune", help="fine-tune one setting on one or more tasks",
+                         description="Fine-tune on each task with its learning rate and each seed: per-epoch "
+                                     "validation, best epoch kept, test scored once; predictions in the official "
+                                     "formats.")
     p.add_argument("--config", required=True)
     p.add_argument("--setting", required=True, choices=list(SETTINGS))
-    p.add_argument("--task", required=True, choices=list(TASKS))
+    p.add_argument("--task", required=True, nargs="+", choices=list(TASKS),
+                   help="one or more tasks; several tasks or seeds: each run in OUT/<task>/seed<N>/")
     p.add_argument("--lr", type=float, help="learning rate")
-    p.add_argument("--lr-from", help="take the learning rate from a sweep's best.json")
-    p.add_argument("--seed", required=True, type=int, nargs="+", help="one or more seeds; several: OUT/seed<N>/ each")
+    p.add_argument("--lr-from", help="take the learning rate from a sweep: its best.json, or its folder "
+                                     "(<task>/best.json for each task)")
+    p.add_argument("--seed", required=True, type=int, nargs="+", help="one or more seeds")
     p.add_argument("--out", required=True)
     p.add_argument("--pretrained", help="pre-trained checkpoint (default: results/<preset>/pretrain/<setting>/best)")
     _add_training_arguments(p)
     p.set_defaults(func=_finetune)
 
+    p = verbs.add_parser("tune-features", help="recompute feature stores with a pre-trained, tuned Fast R-CNN",
+                         description="For a setting that tunes Fast R-CNN in pre-training: the same regions as "
+                                     "each store, their features from the checkpoint's (now frozen) Fast R-CNN, "
+                                     "written to OUT/<store name>. Fine-tuning that setting reads them.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--pretrained", required=True, help="pre-trained checkpoint folder (pretrain/<setting>/best)")
+    p.add_argument("--store", required=True, nargs="+", help="feature stores written by extract-rois")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--data", help="data root (default: the preset's data.root)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    p.set_defaults(func=_tune_features)
+
     p = verbs.add_parser("sweep", help="Ray Tune learning-rate sweeps for one setting",
-                         description="For each task: a grid over the preset's sweep.lrs with ASHA on the validation "
-                                     "accuracy, written to OUT/<task>/best.json. One Ray session for all tasks. "
+                         description="A grid over the tasks and the preset's sweep.lrs in one Ray Tune run, ASHA on "
+                                     "each task's validation accuracy, the choice written to OUT/<task>/best.json. "
                                      "MLflow: a parent run per task with a child run per trial.")
     p.add_argument("--config", required=True)
     p.add_argument("--setting", required=True, choices=list(SETTINGS))

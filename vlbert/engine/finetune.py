@@ -20,6 +20,7 @@ from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order
 from .tasks import build_task
+from .tuned_features import recomputes_features
 
 
 @torch.no_grad()
@@ -41,8 +42,10 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
     if world_size() > 1 and is_main_process():
         print(f"data-parallel fine-tuning: {world_size()} processes")
     torch.manual_seed(seed)
-    # A Fast R-CNN tuned in pre-training no longer matches the cached features: recompute them.
-    task = build_task(task_name, processor, data_root, features_dir, recompute=setting.tune_frcnn)
+    # A Fast R-CNN tuned in pre-training no longer matches the detector's features: read the
+    # stores its frozen copy made (`vlbert tune-features`), else run it on the images each step.
+    task = build_task(task_name, processor, data_root, features_dir)
+    task.recompute = recomputes_features(setting, task.store_paths(), pretrained)
     if setting.pretrains:
         if pretrained is None:
             raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")

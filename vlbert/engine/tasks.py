@@ -18,6 +18,7 @@ from torchvision.ops import box_iou
 from ..data.feature_store import FeatureStore
 from ..modeling import VLBertForRefCOCO, VLBertForVCR, VLBertForVQA
 from ..modeling.processing_vlbert import VLBertProcessor, Word, pad_batch
+from ..study.registry import TASK_STORES, store_name
 from .data import Regions, regions_of, visual_batch
 
 SPLITS = ("train", "val", "test")
@@ -25,7 +26,7 @@ SPLITS = ("train", "val", "test")
 
 def features_path(features_dir, dataset: str, split: str, boxes: str) -> Path:
     """The store the workflow's extract_rois rule writes: <dataset>.<split>.<det|gt>.h5."""
-    return Path(features_dir) / f"{dataset}.{split}.{boxes}.h5"
+    return Path(features_dir) / f"{store_name(dataset, split, boxes)}.h5"
 
 
 @dataclass
@@ -56,6 +57,9 @@ class Task:
 
     def model_overrides(self) -> dict:
         return {}
+
+    def store_paths(self) -> list[Path]:
+        return [features_path(self.features_dir, *store) for store in TASK_STORES[self.name]]
 
     def _visual(self, regions: list[Regions]):
         return visual_batch(regions, with_images=self.recompute)

@@ -37,6 +37,19 @@ SETTINGS = {s.name: s for s in (
 TABLE4_TASKS = ("vcr_q2a", "vcr_qa2r", "vqa", "refcoco_det")
 TASKS = TABLE4_TASKS + ("refcoco_gt",)
 DERIVED_TASKS = ("vcr_q2ar",)
+# The feature stores (data set, split, boxes) each task reads: VCR its given boxes, as VL-BERT does.
+TASK_STORES = {
+    "vcr_q2a": [("vcr", "train", "gt"), ("vcr", "val", "gt"), ("vcr", "test", "gt")],
+    "vcr_qa2r": [("vcr", "train", "gt"), ("vcr", "val", "gt"), ("vcr", "test", "gt")],
+    "vqa": [("vqa", "train2014", "det"), ("vqa", "val2014", "det"), ("vqa", "test-dev2015", "det")],
+    "refcoco_det": [("refcoco+", "all", "det")],
+    "refcoco_gt": [("refcoco+", "all", "gt")],
+}
+
+
+def store_name(dataset: str, split: str, boxes: str) -> str:
+    """A feature store's file stem, as the workflow's extract_rois rule writes it."""
+    return f"{dataset}.{split}.{boxes}"
 
 
 def setting(name: str) -> Setting:

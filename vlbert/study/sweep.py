@@ -1,8 +1,8 @@
 """Learning-rate sweeps with Ray Tune: the one module that talks to Ray.
 
-For one (setting, task): a grid over the preset's learning rates, ASHA stopping poor trials on
-the validation metric, at most as many concurrent trials as the job's cores (or GPUs) allow, a
-crashed trial retried. Trials never look at the test split. MLflow: the sweep is a parent run,
+For one setting: a grid over its tasks and the preset's learning rates in one Tuner, ASHA
+stopping poor trials on the validation metric (per task), at most as many concurrent trials as
+the job's cores (or GPUs) allow, a crashed trial retried. Trials never look at the test split. MLflow: the sweep is a parent run,
 every trial a child run (mlflow.parentRunId) in the same experiment. The result is `best.json`.
 """
 
@@ -53,16 +53,17 @@ def _trial(config: dict) -> None:
         raise RuntimeError("injected fault (VLBERT_FAULT_ONCE): this trial is retried")
     if config["tracking_uri"]:
         os.environ["MLFLOW_TRACKING_URI"] = config["tracking_uri"]
-    preset = config["preset"]
-    tags = {"setting": config["setting"], "task": config["task"], "seed": config["seed"], "lr": config["lr"]}
-    tracker = (make_tracker(preset, f"trial-{config['setting']}-{config['task']}-lr{config['lr']:g}",
-                            {"stage": "sweep_trial", **tags}, parent_run_id=config["parent_run_id"])
-               if config["parent_run_id"] else NullTracker())
+    preset, task, lr = config["preset"], config["trial"]["task"], config["trial"]["lr"]
+    tags = {"setting": config["setting"], "task": task, "seed": config["seed"], "lr": lr}
+    parent_run_id = config["parent_run_ids"].get(task)
+    tracker = (make_tracker(preset, f"trial-{config['setting']}-{task}-lr{lr:g}",
+                            {"stage": "sweep_trial", **tags}, parent_run_id=parent_run_id)
+               if parent_run_id else NullTracker())
     status, reporter = "FAILED", _TuneReporter(tracker)
     try:
-        tracker.log_params({"lr": config["lr"], "seed": config["seed"]})
-        finetune(preset, setting(config["setting"]), config["task"], config["lr"], config["seed"],
-                 Path(config["out"]) / f"lr_{config['lr']:g}", config["data_root"], config["features_dir"],
+        tracker.log_params({"lr": lr, "seed": config["seed"]})
+        finetune(preset, setting(config["setting"]), task, lr, config["seed"],
+                 Path(config["out"]) / task / "trials" / f"lr_{lr:g}", config["data_root"], config["features_dir"],
                  reporter, load_processor(config["bert"], preset["model"].get("max_text_length", 64)),
                  pretrained=config["pretrained"], bert=config["bert"], detector_dir=config["detector"],
                  device=config["device"], progress=False, score_test=False)
@@ -75,84 +76,144 @@ def _trial(config: dict) -> None:
         tracker.close(status)
 
 
+def per_task_asha(max_t_by_task: dict[str, int]):
+    """ASHA kept apart per task: one Tuner runs every (task, lr) trial of a setting, and each
+    task's trials are only ever compared with each other (accuracies of different tasks are not
+    on one scale, and each task has its own number of epochs). Built here so that importing this
+    module does not import Ray."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    class PerTaskASHA(FIFOScheduler):
+        def __init__(self):
+            super().__init__()
+            self._by_task = {task: ASHAScheduler(time_attr="training_iteration", max_t=max_t,
+                                                 grace_period=max(1, max_t // 4), reduction_factor=2)
+                             for task, max_t in max_t_by_task.items()}
+
+        def set_search_properties(self, metric, mode, **spec) -> bool:
+            super().set_search_properties(metric, mode, **spec)
+            return all(s.set_search_properties(metric, mode, **spec) for s in self._by_task.values())
+
+        def _of(self, trial):
+            return self._by_task[trial.config["trial"]["task"]]
+
+        def on_trial_add(self, controller, trial):
+            self._of(trial).on_trial_add(controller, trial)
+
+        def on_trial_result(self, controller, trial, result):
+            return self._of(trial).on_trial_result(controller, trial, result)
+
+        def on_trial_complete(self, controller, trial, result):
+            self._of(trial).on_trial_complete(controller, trial, result)
+
+        def on_trial_remove(self, controller, trial):
+            self._of(trial).on_trial_remove(controller, trial)
+
+        def debug_string(self) -> str:
+            return "; ".join(f"{task}: {s.debug_string()}" for task, s in self._by_task.items())
+
+    return PerTaskASHA()
+
+
 def run_sweeps(preset: dict, setting_name: str, tasks: list[str], out, *, data_root, features_dir, bert, detector,
                pretrained=None, device: str = "cpu", cores: int | None = None, make_parent=None) -> dict:
-    """Sweep the preset's learning rates for one setting on each task, in one Ray session.
+    """Sweep the preset's learning rates for one setting on each task, in one Ray Tune run.
 
-    Writes OUT/<task>/best.json per task and returns {task: summary}. `make_parent(task)` gives
-    each task's MLflow parent run (a Tracker); trials log to child runs under it.
+    Every (task, lr) trial runs under one Tuner, so trials share worker processes (one import of
+    torch per worker, not per trial) and keep the job's cores busy across tasks; ASHA compares
+    trials of the same task only. Writes OUT/<task>/best.json per task and returns {task: summary}.
+    `make_parent(task)` gives each task's MLflow parent run (a Tracker); trials log child runs.
     """
     import ray
 
     out = Path(out).resolve()
     address = preset.get("sweep", {}).get("address")
-    if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    else:  # a local Ray sized to this job; a short temp dir keeps its socket paths legal
-        ray.init(num_cpus=cores or os.cpu_count() or 1, num_gpus=0 if device == "cpu" else None,
-                 include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
-                 log_to_driver=False, configure_logging=False)
-    summaries = {}
+    parents = {task: make_parent(task) if make_parent else NullTracker() for task in tasks}
     try:
-        for task in tasks:
-            parent = make_parent(task) if make_parent else NullTracker()
-            try:
-                summaries[task] = _sweep_task(preset, setting_name, task, out / task, parent, data_root=data_root,
-                                              features_dir=features_dir, bert=bert, detector=detector,
-                                              pretrained=pretrained, device=device, cores=cores)
-                parent.log_artifact(out / task / "best.json")
-            except BaseException:
-                parent.close("FAILED")
-                raise
-            parent.close()
-    finally:
-        ray.shutdown()
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:  # a local Ray sized to this job; a short temp dir keeps its socket paths legal
+            ray.init(num_cpus=cores or os.cpu_count() or 1, num_gpus=0 if device == "cpu" else None,
+                     include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+                     log_to_driver=False, configure_logging=False)
+        try:
+            trials = _tune(preset, setting_name, tasks, out, parents, data_root=data_root, features_dir=features_dir,
+                           bert=bert, detector=detector, pretrained=pretrained, device=device, cores=cores)
+        finally:
+            ray.shutdown()
+        summaries = {task: _summarise(setting_name, task, trials[task], preset, out / task, parents[task])
+                     for task in tasks}
+    except BaseException:
+        for parent in parents.values():
+            parent.close("FAILED")
+        raise
+    for task, parent in parents.items():
+        parent.log_artifact(out / task / "best.json")
+        parent.close()
     return summaries
 
 
-def _sweep_task(preset, setting_name, task, out, parent, *, data_root, features_dir, bert, detector, pretrained,
-                device, cores) -> dict:
+def _tune(preset, setting_name, tasks, out, parents, *, data_root, features_dir, bert, detector, pretrained,
+          device, cores) -> dict[str, list[dict]]:
+    """One Tuner over the grid tasks x learning rates; returns each task's trials."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
 
     from ..tracking import default_tracking_uri
     options = preset.get("sweep", {})
-    lrs = options["lrs"]
     seed = options.get("seeds", [preset["seed"]])[0]
     threads = int(options.get("cpus_per_trial", 1))
     gpus = float(options.get("gpus_per_trial", 0 if device == "cpu" else 1))
-    parent_run_id = getattr(parent, "run_id", None)
-    epochs = max(1, round(preset["finetune"][_options_key(task)]["epochs"] * preset["finetune"].get("epoch_factor", 1.0)))
+    parent_run_ids = {task: getattr(parent, "run_id", None) for task, parent in parents.items()}
     resolve = lambda p: str(Path(p).resolve()) if p is not None and Path(p).exists() else (str(p) if p else None)
-    space = {"lr": tune.grid_search(lrs), "seed": seed, "threads": threads, "preset": preset,
-             "setting": setting_name, "task": task, "out": str(out / "trials"), "data_root": resolve(data_root),
+    grid = [{"task": task, "lr": lr} for task in tasks for lr in sweep_lrs(preset, task)]
+    space = {"trial": tune.grid_search(grid), "seed": seed, "threads": threads,
+             "preset": preset, "setting": setting_name, "out": str(out), "data_root": resolve(data_root),
              "features_dir": resolve(features_dir), "bert": resolve(bert), "detector": resolve(detector),
-             "pretrained": resolve(pretrained), "device": device, "parent_run_id": parent_run_id,
-             "tracking_uri": default_tracking_uri(preset) if parent_run_id else None}
-    concurrent = max(1, min(len(lrs), int((cores or os.cpu_count() or 1) // max(threads, 1))))
+             "pretrained": resolve(pretrained), "device": device, "parent_run_ids": parent_run_ids,
+             "tracking_uri": default_tracking_uri(preset) if any(parent_run_ids.values()) else None}
+    configured = int(options.get("concurrent_trials", 0)) or len(grid)
+    concurrent = max(1, min(configured, len(grid), int((cores or os.cpu_count() or 1) // max(threads, 1))))
+    scheduler = per_task_asha({task: _epochs(preset, task) for task in tasks})
     tuner = tune.Tuner(
         tune.with_resources(_trial, {"cpu": threads, "gpu": gpus}), param_space=space,
         tune_config=tune.TuneConfig(metric=METRIC, mode="max", max_concurrent_trials=concurrent, reuse_actors=True,
-                                    scheduler=ASHAScheduler(time_attr="training_iteration", max_t=epochs,
-                                                            grace_period=max(1, epochs // 4), reduction_factor=2)),
-        run_config=tune.RunConfig(name=f"{setting_name}_{task}", storage_path=str(out / "ray"), verbose=0,
+                                    scheduler=scheduler),
+        run_config=tune.RunConfig(name=setting_name, storage_path=str(out / "ray"), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=int(options.get("max_failures", 2)))))
-    grid = tuner.fit()
-    trials = []
-    for result in grid:
+    trials = {task: [] for task in tasks}
+    for result in tuner.fit():
         history = result.metrics_dataframe
         curve = history[METRIC].tolist() if history is not None and METRIC in history else []
-        trials.append({"lr": result.config["lr"], "best_val_accuracy": max(curve) if curve else None,
-                       "val_accuracy_by_epoch": curve, "error": str(result.error) if result.error else None})
+        trials[result.config["trial"]["task"]].append({"lr": result.config["trial"]["lr"],
+                                                       "best_val_accuracy": max(curve) if curve else None,
+                                              "val_accuracy_by_epoch": curve,
+                                              "error": str(result.error) if result.error else None})
+    return trials
+
+
+def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
     finished = [t for t in trials if t["best_val_accuracy"] is not None]
     if not finished:
         raise RuntimeError(f"sweep {setting_name}/{task}: every trial failed: {[t['error'] for t in trials]}")
     best = max(finished, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
+    seed = preset.get("sweep", {}).get("seeds", [preset["seed"]])[0]
     summary = {"setting": setting_name, "task": task, "seed": seed, "lr": best["lr"],
                "val_accuracy": best["best_val_accuracy"], "trials": sorted(trials, key=lambda t: t["lr"])}
     io.write_json(out / "best.json", summary, indent=2)
     parent.log_metrics({"best_val_accuracy": best["best_val_accuracy"], "best_lr": best["lr"]})
     return summary
+
+
+def sweep_lrs(preset: dict, task: str) -> list[float]:
+    """The learning rates to try on a task: sweep.lrs, or its entry for the task's optimiser
+    section (vcr, vqa, refcoco) when the rates differ by task (VCR trains with SGD)."""
+    lrs = preset["sweep"]["lrs"]
+    return lrs[_options_key(task)] if isinstance(lrs, dict) else lrs
+
+
+def _epochs(preset: dict, task: str) -> int:
+    finetune = preset["finetune"]
+    return max(1, round(finetune[_options_key(task)]["epochs"] * finetune.get("epoch_factor", 1.0)))
 
 
 def _options_key(task: str) -> str:

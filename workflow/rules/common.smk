@@ -1,7 +1,7 @@
 # Helpers shared by the rules: config validation, canonical names, output paths.
 from snakemake.utils import validate
 
-from vlbert.study.registry import SETTINGS, TASKS
+from vlbert.study.registry import SETTINGS, TASK_STORES, TASKS, store_name
 
 validate(config, schema="../schemas/config.schema.yaml")
 
@@ -11,14 +11,10 @@ DATA = config["data"].get("root", f"{RESULTS}/data")
 SYNTHETIC_DATASETS = ["detector", "conceptual_captions", "text_corpus", "vqa", "vcr", "refcoco+"]
 
 
-# The feature stores the study reads: (data set, split, boxes). VCR uses its given boxes, as
-# VL-BERT does; RefCOCO+ has a detected-regions and a ground-truth-regions track.
-FEATURE_STORES = [
-    ("conceptual_captions", "train", "det"), ("conceptual_captions", "val", "det"),
-    ("vqa", "train2014", "det"), ("vqa", "val2014", "det"), ("vqa", "test-dev2015", "det"),
-    ("vcr", "train", "gt"), ("vcr", "val", "gt"), ("vcr", "test", "gt"),
-    ("refcoco+", "all", "det"), ("refcoco+", "all", "gt"),
-]
+# The feature stores the study reads: pre-training's captions, then every task's stores.
+FEATURE_STORES = [("conceptual_captions", "train", "det"), ("conceptual_captions", "val", "det")] + sorted(
+    {store for stores in TASK_STORES.values() for store in stores})
+TASK_STORE_NAMES = sorted({store_name(*store) for stores in TASK_STORES.values() for store in stores})
 
 
 wildcard_constraints:
@@ -26,7 +22,6 @@ wildcard_constraints:
     boxes="det|gt",
     split=r"[A-Za-z0-9-]+",
     setting="|".join(SETTINGS),
-    task="|".join(TASKS),
     seed=r"\d+",
 
 
@@ -48,16 +43,6 @@ REPORT = f"reports/{PRESET}"
 # Jobs that train ask for a GPU when the preset trains on one (the SLURM profile maps it).
 GPU = 1 if str(config.get("device", "cpu")).startswith("cuda") else 0
 DEVICE = config.get("device", "cpu")
-# The features each task reads (see vlbert.engine.tasks).
-TASK_FEATURES = {
-    "vqa": ["vqa.train2014.det", "vqa.val2014.det", "vqa.test-dev2015.det"],
-    "vcr_q2a": ["vcr.train.gt", "vcr.val.gt", "vcr.test.gt"],
-    "vcr_qa2r": ["vcr.train.gt", "vcr.val.gt", "vcr.test.gt"],
-    "refcoco_det": ["refcoco+.all.det"],
-    "refcoco_gt": ["refcoco+.all.gt"],
-}
-
-
 def data_outputs(datasets=SYNTHETIC_DATASETS):
     """The make-data stamps of these data sets; nothing for real data, which is given."""
     if config["data"]["source"] != "synthetic":
@@ -66,7 +51,7 @@ def data_outputs(datasets=SYNTHETIC_DATASETS):
 
 
 def feature_outputs():
-    return [f"{RESULTS}/features/{d}.{s}.{b}.h5" for d, s, b in FEATURE_STORES]
+    return [f"{RESULTS}/features/{store_name(*store)}.h5" for store in FEATURE_STORES]
 
 
 def bert_checkpoint():
@@ -84,16 +69,22 @@ def pretrained_input(wildcards):
     return [f"{RESULTS}/pretrain/{wildcards.setting}/best/model.safetensors"]
 
 
-def all_task_features(wildcards=None):
-    return sorted({f"{RESULTS}/features/{name}.h5" for names in TASK_FEATURES.values() for name in names})
+def task_features_dir(wildcards):
+    """Where a setting's fine-tuning reads its features: a setting that tuned Fast R-CNN in
+    pre-training reads the stores its tuned module made (rule tune_features)."""
+    if SETTINGS[wildcards.setting].tune_frcnn:
+        return f"{RESULTS}/features/tuned/{wildcards.setting}"
+    return f"{RESULTS}/features"
+
+
+def task_features(wildcards):
+    return [f"{task_features_dir(wildcards)}/{name}.h5" for name in TASK_STORE_NAMES]
 
 
 def finetune_outputs():
     return expand(f"{RESULTS}/finetune/{{setting}}/{{task}}/seed{{seed}}/metrics.json",
                   setting=list(SETTINGS), task=list(TASKS), seed=SEEDS)
 
-
-TASK_OPTIONS = {"vqa": "vqa", "vcr_q2a": "vcr", "vcr_qa2r": "vcr", "refcoco_det": "refcoco", "refcoco_gt": "refcoco"}
 
 
 def depends_on(*keys):

@@ -6,6 +6,8 @@ rule make_data:
         f"{DATA}/{{dataset}}/.spec.json",
     log:
         f"{RESULTS}/logs/make_data/{{dataset}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/make_data/{{dataset}}.tsv",
     params:
         preset=preset_file(),
         depends=lambda wc: depends_on("seed", "data.synthetic.image_size", f"data.synthetic.{wc.dataset}"),

@@ -10,6 +10,8 @@ rule train_detector:
         metrics=f"{RESULTS}/detector/metrics.json",
     log:
         f"{RESULTS}/logs/train_detector.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train_detector.tsv",
     params:
         preset=preset_file(),
         depends=depends_on("seed", "detector"),
@@ -27,6 +29,8 @@ rule extract_rois:
         f"{RESULTS}/features/{{dataset}}.{{split}}.{{boxes}}.h5",
     log:
         f"{RESULTS}/logs/extract_rois/{{dataset}}.{{split}}.{{boxes}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/extract_rois/{{dataset}}.{{split}}.{{boxes}}.tsv",
     params:
         preset=preset_file(),
         gt=lambda wc: "--gt-boxes" if wc.boxes == "gt" else "",

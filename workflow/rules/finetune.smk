@@ -1,50 +1,58 @@
-# Learning-rate sweeps (Ray Tune) per (setting, task), then the chosen rate re-run with every seed.
+# Learning-rate sweeps (Ray Tune) per setting over all its tasks, then the chosen rates re-run
+# with every seed. One job per setting and stage: a job's start-up (imports, a Ray session) is
+# paid once for its five tasks, and its trials share Ray's worker processes.
 
 
 rule sweep:
     input:
         pretrained_input,
         bert_input(),
-        lambda wc: [f"{RESULTS}/features/{name}.h5" for name in TASK_FEATURES[wc.task]],
+        task_features,
         rules.train_detector.output.weights,
     output:
-        f"{RESULTS}/sweep/{{setting}}/{{task}}/best.json",
+        [f"{RESULTS}/sweep/{{setting}}/{task}/best.json" for task in TASKS],
     log:
-        f"{RESULTS}/logs/sweep/{{setting}}.{{task}}.log",
+        f"{RESULTS}/logs/sweep/{{setting}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/sweep/{{setting}}.tsv",
     params:
         preset=preset_file(),
         bert=bert_checkpoint(),
-        depends=lambda wc: depends_on("finetune.epoch_factor", f"finetune.{TASK_OPTIONS[wc.task]}", "sweep",
-                                      "training"),
+        tasks=" ".join(TASKS),
+        features=task_features_dir,
+        depends=depends_on("finetune", "sweep", "training"),
     threads: SWEEP_THREADS
     resources:
         gpu=GPU,
     shell:
-        "vlbert sweep --config {params.preset} --setting {wildcards.setting} --task {wildcards.task} "
-        "--data {DATA} --bert {params.bert} --out {RESULTS}/sweep/{wildcards.setting} --cores {threads} "
-        "--device {DEVICE} --quiet > {log} 2>&1"
+        "vlbert sweep --config {params.preset} --setting {wildcards.setting} --task {params.tasks} "
+        "--data {DATA} --features {params.features} --bert {params.bert} --out {RESULTS}/sweep/{wildcards.setting} "
+        "--cores {threads} --device {DEVICE} --quiet > {log} 2>&1"
 
 
 rule finetune_seeds:
     input:
-        best=f"{RESULTS}/sweep/{{setting}}/{{task}}/best.json",
+        best=[f"{RESULTS}/sweep/{{setting}}/{task}/best.json" for task in TASKS],
         pretrained=pretrained_input,
+        features=task_features,
     output:
-        [f"{RESULTS}/finetune/{{setting}}/{{task}}/seed{seed}/metrics.json" for seed in SEEDS],
+        [f"{RESULTS}/finetune/{{setting}}/{task}/seed{seed}/metrics.json" for task in TASKS for seed in SEEDS],
     log:
-        f"{RESULTS}/logs/finetune/{{setting}}.{{task}}.log",
+        f"{RESULTS}/logs/finetune/{{setting}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/finetune_seeds/{{setting}}.tsv",
     params:
         preset=preset_file(),
         bert=bert_checkpoint(),
+        tasks=" ".join(TASKS),
         seeds=" ".join(str(s) for s in SEEDS),
-        # `vlbert finetune` puts several seeds in OUT/seed<N>/, a single one in OUT itself.
-        out=lambda wc: f"{RESULTS}/finetune/{wc.setting}/{wc.task}" + (f"/seed{SEEDS[0]}" if len(SEEDS) == 1 else ""),
-        depends=lambda wc: depends_on("finetune.epoch_factor", f"finetune.{TASK_OPTIONS[wc.task]}", "training",
-                                      "sweep.seeds"),
+        features=task_features_dir,
+        depends=depends_on("finetune", "training", "sweep.seeds"),
     threads: 1
     resources:
         gpu=GPU,
     shell:
-        "vlbert finetune --config {params.preset} --setting {wildcards.setting} --task {wildcards.task} "
-        "--lr-from {input.best} --seed {params.seeds} --data {DATA} --bert {params.bert} "
-        "--out {params.out} --threads {threads} --device {DEVICE} --quiet > {log} 2>&1"
+        "vlbert finetune --config {params.preset} --setting {wildcards.setting} --task {params.tasks} "
+        "--lr-from {RESULTS}/sweep/{wildcards.setting} --seed {params.seeds} --data {DATA} "
+        "--features {params.features} --bert {params.bert} "
+        "--out {RESULTS}/finetune/{wildcards.setting} --threads {threads} --device {DEVICE} --quiet > {log} 2>&1"

@@ -17,6 +17,8 @@ rule report:
                            category="Figures"),
     log:
         f"{RESULTS}/logs/report.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/report.tsv",
     params:
         preset=preset_file(),
     shell:

@@ -1,4 +1,5 @@
-# BERT initialisation (embedded default), pre-training per setting.
+# BERT initialisation (embedded default), pre-training per setting, and the features of a setting
+# whose pre-training tuned Fast R-CNN.
 
 
 rule bert_init:
@@ -8,6 +9,8 @@ rule bert_init:
         f"{RESULTS}/bert_init/bert/config.json",
     log:
         f"{RESULTS}/logs/bert_init.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/bert_init.tsv",
     params:
         preset=preset_file(),
         depends=depends_on("seed", "model", "bert_init"),
@@ -29,6 +32,8 @@ rule pretrain:
         f"{RESULTS}/pretrain/{{setting}}/best/model.safetensors",
     log:
         f"{RESULTS}/logs/pretrain/{{setting}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/pretrain/{{setting}}.tsv",
     params:
         preset=preset_file(),
         bert=bert_checkpoint(),
@@ -40,3 +45,24 @@ rule pretrain:
         "vlbert pretrain --config {params.preset} --setting {wildcards.setting} --data {DATA} "
         "--bert {params.bert} --out {RESULTS}/pretrain/{wildcards.setting} --threads {threads} "
         "--device {DEVICE} --quiet > {log} 2>&1"
+
+
+rule tune_features:
+    input:
+        pretrained=f"{RESULTS}/pretrain/{{setting}}/best/model.safetensors",
+        stores=[f"{RESULTS}/features/{name}.h5" for name in TASK_STORE_NAMES],
+    output:
+        [f"{RESULTS}/features/tuned/{{setting}}/{name}.h5" for name in TASK_STORE_NAMES],
+    log:
+        f"{RESULTS}/logs/tune_features/{{setting}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/tune_features/{{setting}}.tsv",
+    params:
+        preset=preset_file(),
+    threads: workflow.cores
+    resources:
+        gpu=GPU,
+    shell:
+        "vlbert tune-features --config {params.preset} --pretrained {RESULTS}/pretrain/{wildcards.setting}/best "
+        "--store {input.stores} --out {RESULTS}/features/tuned/{wildcards.setting} --data {DATA} "
+        "--threads {threads} --device {DEVICE} --quiet > {log} 2>&1"

@@ -1,0 +1,80 @@
+"""Benchmark: a study's wall time against its budget, and where the time goes, per stage.
+
+Either runs the study (Snakemake, as `make reproduce` does) in a fresh folder and times it, or
+reads a finished run. Per stage it prints the jobs, their summed and longest wall seconds (from
+the `benchmark:` files every rule writes under results/<preset>/benchmarks/), then the run's
+wall time and its ratio to the budget (smoke: 5 minutes, mini: 45 minutes, on 2 cores).
+
+    python bench/study_time.py --preset smoke                 # run the smoke study in a temp folder
+    python bench/study_time.py --preset mini --workdir .      # a finished run in this checkout
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+BUDGET_SECONDS = {"smoke": 5 * 60, "mini": 45 * 60}
+STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$", re.M)
+
+
+def run_study(preset: str, workdir: Path, cores: int) -> float:
+    started = time.time()
+    env_bin = str(Path(sys.executable).parent)
+    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", str(cores),
+                    "--configfile", str(REPO / "experiments" / f"{preset}.yaml"), "--directory", str(workdir)],
+                   check=True, env={**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.time() - started
+
+
+def logged_wall_seconds(workdir: Path) -> float | None:
+    """First to last timestamp of the newest Snakemake log that ran jobs."""
+    for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log"), reverse=True):
+        stamps = [datetime.strptime(s, "%a %b %d %H:%M:%S %Y") for s in STAMP.findall(log.read_text())]
+        if len(stamps) >= 2:
+            return (stamps[-1] - stamps[0]).total_seconds()
+    return None
+
+
+def stage_table(benchmarks: Path) -> pd.DataFrame:
+    rows = []
+    for tsv in sorted(benchmarks.rglob("*.tsv")):
+        stage = tsv.parent.name if tsv.parent != benchmarks else tsv.stem
+        rows.append({"stage": stage, "job": tsv.stem, "seconds": float(pd.read_csv(tsv, sep="\t")["s"].iloc[-1])})
+    if not rows:
+        raise SystemExit(f"no benchmark files under {benchmarks}")
+    table = pd.DataFrame(rows).groupby("stage", sort=False)["seconds"].agg(jobs="count", summed="sum", longest="max")
+    return table.round(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="smoke", choices=sorted(BUDGET_SECONDS))
+    parser.add_argument("--workdir", type=Path, help="a finished run's folder (default: run the study in a temp folder)")
+    parser.add_argument("--cores", type=int, default=2)
+    args = parser.parse_args()
+    if args.workdir:
+        workdir, wall = args.workdir, logged_wall_seconds(args.workdir)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix=f"study_{args.preset}_"))
+        wall = run_study(args.preset, workdir, args.cores)
+    print(stage_table(workdir / "results" / args.preset / "benchmarks").to_string())
+    if wall is not None:
+        budget = BUDGET_SECONDS[args.preset]
+        print(f"\n{args.preset} study: {wall / 60:.1f} min wall on {args.cores} cores; "
+              f"ratio to its {budget // 60}-minute budget: {wall / budget:.2f}")
+
+
+if __name__ == "__main__":
+    main()
