@@ -2,8 +2,9 @@
 
 For one setting: a grid over its tasks and the preset's learning rates in one Tuner, ASHA
 stopping poor trials on the validation metric (per task), at most as many concurrent trials as
-the job's cores (or GPUs) allow, a crashed trial retried. Trials never look at the test split. MLflow: the sweep is a parent run,
-every trial a child run (mlflow.parentRunId) in the same experiment. The result is `best.json`.
+the job's cores (or GPUs) allow, a crashed trial retried. Trials never look at the test split.
+MLflow: each task's sweep is a parent run, every trial a child run (mlflow.parentRunId) in the
+same experiment. The result is OUT/<task>/best.json.
 """
 
 from __future__ import annotations
