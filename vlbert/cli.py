@@ -188,8 +188,8 @@ def _finetune(args) -> int:
         raise ValueError("give exactly one of --lr and --lr-from")
     lrs = {task: args.lr if args.lr is not None else _swept_lr(args.lr_from, task, len(args.task))
            for task in args.task}
-    # Every (task, seed) runs one after the other in this process (one import, one data load per
-    # task), each its own MLflow run: in OUT itself for a single one, else in OUT/<task>/seed<N>/.
+    # Every (task, seed) runs one after the other in this process (the imports paid once), each
+    # its own MLflow run: in OUT itself for a single one, else in OUT/<task>/seed<N>/.
     runs = [(task, seed) for task in args.task for seed in args.seed]
     for task, seed in runs:
         out = Path(args.out) / task / f"seed{seed}" if len(runs) > 1 else Path(args.out)
