@@ -37,7 +37,6 @@ def preset_file():
 # then run side by side, their start-up costs overlapping.
 SWEEP_THREADS = min(workflow.cores, config.get("sweep", {}).get("cpus_per_trial", 1)
                     * config.get("sweep", {}).get("concurrent_trials", 1))
-PRETRAIN_SETTINGS = [s for s, spec in SETTINGS.items() if spec.pretrains]
 SEEDS = config.get("sweep", {}).get("seeds", [config["seed"]])
 REPORT = f"reports/{PRESET}"
 # Jobs that train ask for a GPU when the preset trains on one (the SLURM profile maps it).
