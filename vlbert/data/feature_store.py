@@ -15,6 +15,7 @@ resumes from its shards and ends with the same file as an uninterrupted one.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import h5py
@@ -36,6 +37,29 @@ def write_shard(path, keys: list[str], results, skipped: list[tuple[str, str]]) 
                      width=np.array([r.width for r in results], dtype=np.int32),
                      height=np.array([r.height for r in results], dtype=np.int32),
                      skipped=np.array(["\t".join(s) for s in skipped], dtype=str), **arrays)
+
+
+def _parts_folder(out) -> Path:
+    return Path(out).with_name(Path(out).name + ".parts")
+
+
+def shard_paths(out, fingerprint: str, count: int) -> list[Path]:
+    """The shard files of a resumable write of `out`, in its `.parts` folder. Shards already there
+    are kept only when they were made from the same inputs (same `fingerprint`)."""
+    parts = _parts_folder(out)
+    manifest = parts / "fingerprint"
+    if parts.exists() and (not manifest.exists() or manifest.read_text() != fingerprint):
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(fingerprint)
+    return [parts / f"shard_{k:06d}.npz" for k in range(count)]
+
+
+def finish_shards(shards: list[Path], out, attrs: dict) -> dict:
+    """Merge the shards into `out` (atomically), then drop their `.parts` folder."""
+    summary = merge_shards(shards, out, attrs)
+    shutil.rmtree(_parts_folder(out), ignore_errors=True)
+    return summary
 
 
 def merge_shards(shards: list[Path], out, attrs: dict) -> dict:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..data.feature_store import merge_shards, write_shard
+from ..data.feature_store import finish_shards, shard_paths, write_shard
 from .sources import ImageItem
 from .train import load_image
 
@@ -58,16 +57,8 @@ def extract_to_store(backend, items: list[ImageItem], out, batch_size: int = 16,
     out = Path(out)
     attrs = {"mode": "gt" if items[0].boxes is not None else "detected", "whole_image_row": 0,
              "feature_dim": backend.feature_dim, "class_names": backend.class_names, **(attrs or {})}
-    parts = out.with_name(out.name + ".parts")
-    fingerprint = _fingerprint(items, batch_size, attrs)
-    manifest = parts / "fingerprint"
-    if parts.exists() and (not manifest.exists() or manifest.read_text() != fingerprint):
-        shutil.rmtree(parts)
-    parts.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(fingerprint)
-
     batches = [items[k:k + batch_size] for k in range(0, len(items), batch_size)]
-    shards = [parts / f"shard_{k:06d}.npz" for k in range(len(batches))]
+    shards = shard_paths(out, _fingerprint(items, batch_size, attrs), len(batches))
     todo = [k for k, shard in enumerate(shards) if not shard.exists()]
     with ThreadPoolExecutor(max_workers=1) as loader, \
             tqdm(total=len(items), initial=len(items) - sum(len(batches[k]) for k in todo),
@@ -83,6 +74,4 @@ def extract_to_store(backend, items: list[ImageItem], out, batch_size: int = 16,
                 result.box_ids = np.array(ids, dtype=np.int64)
             write_shard(shards[k], [item.key for item in kept], results, skipped)
             bar.update(len(batches[k]))
-    summary = merge_shards(shards, out, attrs)
-    shutil.rmtree(parts)
-    return summary
+    return finish_shards(shards, out, attrs)

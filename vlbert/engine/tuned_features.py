@@ -11,14 +11,13 @@ Shards as in `vlbert.detection.extract`: a killed run resumes, and ends with the
 from __future__ import annotations
 
 import hashlib
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
 
-from ..data.feature_store import ARRAYS, FeatureStore, merge_shards, write_shard
+from ..data.feature_store import ARRAYS, FeatureStore, finish_shards, shard_paths, write_shard
 from ..detection.train import load_image
 
 TUNED_BY = "tuned_by"   # store attribute: the pre-trained checkpoint whose Fast R-CNN made the features
@@ -45,14 +44,8 @@ def tune_store(fast_rcnn, pretrained, source, image_paths: dict[str, Path], out,
     if missing:
         raise FileNotFoundError(f"{source}: no image file known for {len(missing)} images, e.g. {missing[0]!r}")
     fast_rcnn.eval()
-    parts = out.with_name(out.name + ".parts")
-    manifest, fingerprint = parts / "fingerprint", _fingerprint(source, pretrained, batch_size)
-    if parts.exists() and (not manifest.exists() or manifest.read_text() != fingerprint):
-        shutil.rmtree(parts)
-    parts.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(fingerprint)
     batches = [store.keys[k:k + batch_size] for k in range(0, len(store.keys), batch_size)]
-    shards = [parts / f"shard_{k:06d}.npz" for k in range(len(batches))]
+    shards = shard_paths(out, _fingerprint(source, pretrained, batch_size), len(batches))
     for keys, shard in tqdm(list(zip(batches, shards)), desc=f"tuned features {out.name}", unit="batch",
                             disable=not progress):
         if shard.exists():
@@ -69,9 +62,7 @@ def tune_store(fast_rcnn, pretrained, source, image_paths: dict[str, Path], out,
     attrs = {k: v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v
              for k, v in store.attrs.items() if k not in ("skipped", "num_skipped", "num_images")}
     attrs[TUNED_BY] = str(pretrained.resolve())
-    summary = merge_shards(shards, out, attrs)
-    shutil.rmtree(parts)
-    return summary
+    return finish_shards(shards, out, attrs)
 
 
 def image_paths_for(config: dict, store_path) -> dict[str, Path]:

@@ -161,7 +161,7 @@ def _tune(preset, setting_name, tasks, out, parents, *, data_root, features_dir,
 
     from ..tracking import default_tracking_uri
     options = preset.get("sweep", {})
-    seed = options.get("seeds", [preset["seed"]])[0]
+    seed = sweep_seed(preset)
     threads = int(options.get("cpus_per_trial", 1))
     gpus = float(options.get("gpus_per_trial", 0 if device == "cpu" else 1))
     parent_run_ids = {task: getattr(parent, "run_id", None) for task, parent in parents.items()}
@@ -197,12 +197,17 @@ def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
     if not finished:
         raise RuntimeError(f"sweep {setting_name}/{task}: every trial failed: {[t['error'] for t in trials]}")
     best = max(finished, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
-    seed = preset.get("sweep", {}).get("seeds", [preset["seed"]])[0]
+    seed = sweep_seed(preset)
     summary = {"setting": setting_name, "task": task, "seed": seed, "lr": best["lr"],
                "val_accuracy": best["best_val_accuracy"], "trials": sorted(trials, key=lambda t: t["lr"])}
     io.write_json(out / "best.json", summary, indent=2)
     parent.log_metrics({"best_val_accuracy": best["best_val_accuracy"], "best_lr": best["lr"]})
     return summary
+
+
+def sweep_seed(preset: dict) -> int:
+    """Trials run with the first of the preset's seeds."""
+    return preset.get("sweep", {}).get("seeds", [preset["seed"]])[0]
 
 
 def sweep_lrs(preset: dict, task: str) -> list[float]:
