@@ -166,6 +166,23 @@ def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tm
         assert f"testB: {metrics['test']['accuracy_testB']:.2f}" in printed
 
 
+def test_refcoco_never_predicts_the_whole_image(smoke_study):
+    """Row 0 of every image's regions is the whole image: scored by the model, never a candidate."""
+    from types import SimpleNamespace
+
+    from vlbert.engine.build import load_processor
+    from vlbert.engine.tasks import build_task
+
+    task = build_task("refcoco_gt", load_processor(None, 32), smoke_study["data"], smoke_study["features"])
+    examples = task.examples("val")[:4]
+    logits = torch.zeros(len(examples), 1 + max(e["regions"].num_rois for e in examples))
+    logits[:, 0], logits[:, 1] = 10.0, 5.0  # the whole image scores highest, then the first region
+    predicted = task.predictions(SimpleNamespace(logits=logits), examples)
+    for e, p in zip(examples, predicted):
+        x1, y1, x2, y2 = (float(v) for v in e["regions"].boxes[1])
+        assert p["bbox"] == [x1, y1, x2 - x1, y2 - y1]
+
+
 def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp_path):
     """`full` tuned Fast R-CNN in pre-training: tune-features recomputes a store with the tuned
     module once (the features it computes from the images), and fine-tuning `full` reads them."""

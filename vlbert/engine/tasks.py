@@ -246,7 +246,8 @@ class RefCOCOTask(Task):
         return batch
 
     def predictions(self, outputs, examples):
-        best = outputs.logits.argmax(-1).tolist()
+        # Row 0 (the whole image) is scored but is never a candidate: pick among the regions.
+        best = (outputs.logits[:, 1:].argmax(-1) + 1).tolist()
         out = []
         for e, row in zip(examples, best):
             x1, y1, x2, y2 = (float(v) for v in e["regions"].boxes[row])
