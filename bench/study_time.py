@@ -31,7 +31,8 @@ STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$", re.M)
 def run_study(preset: str, workdir: Path, cores: int) -> float:
     started = time.time()
     env_bin = str(Path(sys.executable).parent)
-    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", str(cores),
+    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+                    "--profile", str(REPO / "workflow/profiles/default"), "--cores", str(cores),
                     "--configfile", str(REPO / "experiments" / f"{preset}.yaml"), "--directory", str(workdir)],
                    check=True, env={**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"},
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

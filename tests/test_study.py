@@ -15,7 +15,9 @@ from conftest import REPO
 
 SMOKE = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
 SEEDS = len(SMOKE["sweep"]["seeds"])
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
+# As `make reproduce` runs it: the default profile (one thread per job), on two cores.
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+             "--profile", str(REPO / "workflow/profiles/default"), "--cores", "2"]
 
 
 def _free_port() -> int:

@@ -21,6 +21,7 @@ rule sweep:
         tasks=" ".join(TASKS),
         features=task_features_dir,
         depends=depends_on("finetune", "sweep", "training"),
+    priority: 10
     threads: SWEEP_THREADS
     resources:
         gpu=GPU,

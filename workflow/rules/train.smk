@@ -38,6 +38,10 @@ rule pretrain:
         preset=preset_file(),
         bert=bert_checkpoint(),
         depends=depends_on("seed", "model", "pretrain", "training"),
+    # Pre-training heads the longest chains (pretrain -> sweep -> seeds), so it goes first when
+    # cores are short. Without priorities a mini run started setting d's pre-training 29 minutes
+    # in, and its chain then ran alone at the end with the other core idle for 4.5 minutes.
+    priority: 20
     threads: workflow.cores
     resources:
         gpu=GPU,
@@ -59,6 +63,7 @@ rule tune_features:
         f"{RESULTS}/benchmarks/tune_features/{{setting}}.tsv",
     params:
         preset=preset_file(),
+    priority: 20
     threads: workflow.cores
     resources:
         gpu=GPU,
