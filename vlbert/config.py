@@ -102,3 +102,9 @@ def synthetic_spec(config: dict) -> dict:
         raise ConfigError(f"preset {config['name']!r} uses real data (data.source: real); "
                           "make-data writes only the synthetic world")
     return {"seed": config["seed"], **config["data"]["synthetic"]}
+
+
+def study_seeds(config: dict) -> list[int]:
+    """The seeds the chosen learning rates are re-run with (`sweep.seeds`, else the preset's
+    seed); sweep trials use the first."""
+    return list(config.get("sweep", {}).get("seeds", [config["seed"]]))

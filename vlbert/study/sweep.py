@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .. import io
+from ..config import study_seeds
 from ..tracking import NullTracker, make_tracker
 
 METRIC = "val_accuracy"
@@ -207,7 +208,7 @@ def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
 
 def sweep_seed(preset: dict) -> int:
     """Trials run with the first of the preset's seeds."""
-    return preset.get("sweep", {}).get("seeds", [preset["seed"]])[0]
+    return study_seeds(preset)[0]
 
 
 def sweep_lrs(preset: dict, task: str) -> list[float]:

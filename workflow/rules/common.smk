@@ -1,6 +1,7 @@
 # Helpers shared by the rules: config validation, canonical names, output paths.
 from snakemake.utils import validate
 
+from vlbert.config import study_seeds
 from vlbert.study.registry import SETTINGS, TASK_STORES, TASKS, store_name
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -33,11 +34,11 @@ def preset_file():
     return files[0]
 
 
-# A sweep job takes cpus_per_trial x concurrent_trials cores; on a small machine several sweeps
-# then run side by side, their start-up costs overlapping.
+# A sweep job takes cpus_per_trial x concurrent_trials cores, unless the profile sets its threads
+# (the default profile: one, so that it shares a small machine with another job).
 SWEEP_THREADS = min(workflow.cores, config.get("sweep", {}).get("cpus_per_trial", 1)
                     * config.get("sweep", {}).get("concurrent_trials", 1))
-SEEDS = config.get("sweep", {}).get("seeds", [config["seed"]])
+SEEDS = study_seeds(config)
 REPORT = f"reports/{PRESET}"
 # Jobs that train ask for a GPU when the preset trains on one (the SLURM profile maps it).
 GPU = 1 if str(config.get("device", "cpu")).startswith("cuda") else 0
