@@ -115,6 +115,21 @@ def test_masked_roi_pixels_cannot_leak(smoke_detector, regions, processor):
     assert not torch.allclose(unmasked_before, unmasked_after, atol=1e-4)  # without the mask, it would leak
 
 
+def test_a_masked_roi_keeps_its_geometry_not_its_appearance(smoke_detector, regions):
+    # As in VL-BERT's released code: the mask embedding stands in for the appearance only.
+    images, results = regions
+    embed = build(VLBertForPreTraining, smoke_detector).vlbert.visual_embeddings
+    visual = visual_inputs(images, results, cached=True)
+    visual.masked = torch.zeros_like(visual.roi_mask)
+    visual.masked[0, 1:3] = True
+    with torch.no_grad():
+        embed.mask_embedding.normal_()
+        masked = embed(visual.features, visual)
+        other_appearance = embed(torch.rand_like(visual.features), visual)
+    assert torch.equal(masked[0, 1:3], other_appearance[0, 1:3])          # the appearance is gone
+    assert not torch.allclose(masked[0, 1], masked[0, 2])                 # where each region is, is not
+
+
 # 3 ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tune", [False, True])

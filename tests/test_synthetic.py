@@ -100,6 +100,22 @@ def test_vcr_right_answers_need_the_image(smoke_world):
         assert len({json.dumps(c) for c in e.rationale_choices}) == 4
 
 
+
+def test_vcr_asks_every_kind_of_question_about_as_often():
+    # The kind is drawn first and a fitting pair after it: a comparison, which needs two sizes,
+    # is not made rare by how often two random objects differ in size.
+    from vlbert.data.synthetic.vcr import make_item
+    rng = np.random.default_rng(0)
+    scenes = [sample_scene(rng, 96, int(rng.integers(2, 7))) for _ in range(1000)]
+    items = [make_item(scene, rng) for scene in scenes]
+    kinds = Counter(item["kind"] for item in items)
+    assert set(kinds) == {"feel", "weight", "compare", "corners", "same_feel"}
+    assert min(kinds.values()) > 120, kinds            # compare 145 (a scene may have one size); 92 before
+    for scene, item in zip(scenes, items):
+        if item["kind"] == "compare":                  # "which is heavier , [i] or [j] ?"
+            (i,), (j,) = item["question"][4], item["question"][6]
+            assert scene.objects[i].size != scene.objects[j].size
+
 def test_language_has_words_only_the_image_resolves(smoke_world):
     from vlbert.data.conceptual_captions import read_captions
     from vlbert.data.text_corpus import read_corpus

@@ -351,7 +351,8 @@ def test_autocast_precision_trains(tmp_path, precision):
 # ---- Ray Tune sweeps -------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(smoke_study, smoke_config, tmp_path, monkeypatch):
+def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(smoke_study, smoke_config, tmp_path, monkeypatch,
+                                                                        capsys):
     from vlbert.study.sweep import run_sweeps
     monkeypatch.setenv("VLBERT_FAULT_ONCE", str(tmp_path / "crashed"))      # the first trial to start crashes once
     # One Tuner for both tasks, each with its own rates (VCR's SGD needs other rates than AdamW).
@@ -368,15 +369,24 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(smoke_stud
     assert all(t["best_val_accuracy"] is not None for b in best.values() for t in b["trials"])  # the crash was retried
     # Trials never look at test.
     assert not list((tmp_path / "sweep").rglob("predictions_test.json"))
-    # The seeds re-run each task's chosen rate, every (task, seed) in OUT/<task>/seed<N>/.
+    # The seeds re-run each task's chosen rate, every (task, seed) in OUT/<task>/seed<N>/; the
+    # sweep's seed (0) continues the sweep's own trial of that rate, as the workflow does.
     assert main(["finetune", "--setting", "no_pretrain", "--task", "refcoco_gt", "vqa", "--lr-from",
-                 str(tmp_path / "sweep"), "--seed", "0", "1", "--out", str(tmp_path / "seeds"),
+                 str(tmp_path / "sweep"), "--continue-trial", "--seed", "0", "1", "--out", str(tmp_path / "seeds"),
                  *study_args(smoke_study)]) == 0
+    out = capsys.readouterr().out
     for task in ("refcoco_gt", "vqa"):
+        assert f"no_pretrain/{task} seed 0: continuing the sweep's trial" in out
+        assert f"no_pretrain/{task} seed 1: continuing" not in out
         for seed in (0, 1):
             metrics = json.loads((tmp_path / "seeds" / task / f"seed{seed}" / "metrics.json").read_text())
             assert (metrics["task"], metrics["seed"], metrics["lr"]) == (task, seed, best[task]["lr"])
             assert metrics["test"]                                           # the chosen runs are scored on test
+    # Continuing the trial gives the metrics of a run from scratch.
+    for task in ("refcoco_gt", "vqa"):
+        assert main(["finetune", "--setting", "no_pretrain", "--task", task, "--lr", str(best[task]["lr"]),
+                     "--seed", "0", "--out", str(tmp_path / "scratch" / task), *study_args(smoke_study)]) == 0
+        assert _metrics(tmp_path / "seeds" / task / "seed0") == _metrics(tmp_path / "scratch" / task)
 
 
 def test_several_tasks_take_their_rates_from_a_sweep_folder(smoke_study, tmp_path, capsys):
@@ -385,3 +395,9 @@ def test_several_tasks_take_their_rates_from_a_sweep_folder(smoke_study, tmp_pat
     assert main(["finetune", "--setting", "no_pretrain", "--task", "vqa", "refcoco_gt", "--lr-from", str(best),
                  "--seed", "0", "--out", str(tmp_path / "out"), *study_args(smoke_study)]) == 2
     assert "several tasks need a sweep folder" in capsys.readouterr().err
+
+
+def test_continue_trial_needs_a_sweep_folder(smoke_study, tmp_path, capsys):
+    assert main(["finetune", "--setting", "no_pretrain", "--task", "vqa", "--lr", "0.001", "--continue-trial",
+                 "--seed", "0", "--out", str(tmp_path / "out"), *study_args(smoke_study)]) == 2
+    assert "--continue-trial needs --lr-from with a sweep folder" in capsys.readouterr().err

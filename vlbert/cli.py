@@ -182,10 +182,13 @@ def _pretrain(args) -> int:
 def _finetune(args) -> int:
     from .engine.finetune import finetune
     from .study.registry import setting
+    from .study.sweep import continue_trial
 
     chosen = setting(args.setting)
     if (args.lr is None) == (args.lr_from is None):
         raise ValueError("give exactly one of --lr and --lr-from")
+    if args.continue_trial and not (args.lr_from and Path(args.lr_from).is_dir()):
+        raise ValueError("--continue-trial needs --lr-from with a sweep folder (its <task>/trials/ hold the runs)")
     lrs = {task: args.lr if args.lr is not None else _swept_lr(args.lr_from, task, len(args.task))
            for task in args.task}
     # Every (task, seed) runs one after the other in this process (the imports paid once), each
@@ -196,6 +199,11 @@ def _finetune(args) -> int:
         config, device, results, bert, processor, tracker = _training_context(
             args, "finetune", {"setting": chosen.name, "task": task, "seed": seed, "lr": lrs[task]})
         pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
+        if args.continue_trial:
+            trial = continue_trial(Path(args.lr_from) / task, seed, out)
+            if trial is not None:
+                tracker.log_params({"continued_from_trial": str(trial)})
+                print(f"finetune {chosen.name}/{task} seed {seed}: continuing the sweep's trial {trial}")
         metrics = _run_tracked(tracker, out, lambda: finetune(
             config, chosen, task, lrs[task], seed, out, config["data"]["root"], args.features or results / "features",
             tracker, processor, pretrained=pretrained, bert=bert, detector_dir=args.detector or results / "detector",
@@ -429,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-from", help="take the learning rate from a sweep: its best.json, or its folder "
                                      "(<task>/best.json for each task)")
     p.add_argument("--seed", required=True, type=int, nargs="+", help="one or more seeds")
+    p.add_argument("--continue-trial", action="store_true",
+                   help="with --lr-from SWEEP_DIR: the sweep's seed continues the sweep's own trial of the chosen "
+                        "rate from its last checkpoint, not from scratch (same metrics, fewer steps); the sweep "
+                        "must have run with this preset, setting and pre-trained checkpoint")
     p.add_argument("--out", required=True)
     p.add_argument("--pretrained", help="pre-trained checkpoint (default: results/<preset>/pretrain/<setting>/best)")
     _add_training_arguments(p)

@@ -4,7 +4,7 @@ Input: `[CLS] sentence A [SEP] (sentence B [SEP]) [IMG] x R [END]`. Every elemen
 token + visual feature + segment (A, B, C=image) + position, with one position shared by all
 visual elements. The visual feature embedding is FC(concat(appearance, geometry)); text elements
 take the whole-image RoI's, text-only input takes one learned embedding, a masked RoI a learned
-mask embedding. The encoder is transformers' BertModel (attention through SDPA); token, segment
+mask embedding in place of its appearance (its geometry stays). The encoder is transformers' BertModel (attention through SDPA); token, segment
 and position embeddings and the LayerNorm are BERT's own.
 
 Reading order: weight init, visual embeddings, `VLBertModel`, then one class per head.
@@ -71,22 +71,23 @@ class VisualInputs:
 
 
 class VLBertVisualEmbeddings(nn.Module):
-    """Per RoI: FC(concat(appearance, geometry)); masked RoIs take the learned mask embedding."""
+    """Per RoI: FC(concat(appearance, geometry)). A masked RoI's appearance is the learned mask
+    embedding and its geometry stays, as in VL-BERT's released code: the region still knows
+    where it is, so the words can tell it what it is."""
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
         self.wavelengths = config.geometry_wavelengths
         self.projection = nn.Linear(config.visual_feature_dim + config.geometry_dim, config.hidden_size)
-        self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        self.mask_embedding = nn.Parameter(torch.zeros(config.visual_feature_dim))
         self.text_only_embedding = nn.Parameter(torch.zeros(config.hidden_size))
 
     def forward(self, appearance: torch.Tensor, visual: VisualInputs) -> torch.Tensor:
         size = visual.image_sizes.to(appearance.dtype).repeat(1, 2).unsqueeze(1)  # [B, 1, 4]
         geometry = geometry_embedding(visual.boxes.to(appearance.dtype) / size, self.wavelengths)
-        embedded = self.projection(torch.cat([appearance, geometry], dim=-1))
         if visual.masked is not None:
-            embedded = torch.where(visual.masked.unsqueeze(-1), self.mask_embedding, embedded)
-        return embedded
+            appearance = torch.where(visual.masked.unsqueeze(-1), self.mask_embedding.to(appearance.dtype), appearance)
+        return self.projection(torch.cat([appearance, geometry], dim=-1))
 
 
 class VLBertModel(nn.Module):

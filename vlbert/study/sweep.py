@@ -4,13 +4,15 @@ For one setting: a grid over its tasks and the preset's learning rates in one Tu
 stopping poor trials on the validation metric (per task), at most as many concurrent trials as
 the job's cores (or GPUs) allow, a crashed trial retried. Trials never look at the test split.
 MLflow: each task's sweep is a parent run, every trial a child run (mlflow.parentRunId) in the
-same experiment. The result is OUT/<task>/best.json.
+same experiment. The result is OUT/<task>/best.json; each trial's folder is
+OUT/<task>/trials/lr_<lr>/, where the chosen run's seed can continue it (`continue_trial`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -65,7 +67,7 @@ def _trial(config: dict) -> None:
     try:
         tracker.log_params({"lr": lr, "seed": config["seed"]})
         finetune(preset, setting(config["setting"]), task, lr, config["seed"],
-                 Path(config["out"]) / task / "trials" / f"lr_{lr:g}", config["data_root"], config["features_dir"],
+                 trial_dir(Path(config["out"]) / task, lr), config["data_root"], config["features_dir"],
                  reporter, load_processor(config["bert"], preset["model"].get("max_text_length", 64)),
                  pretrained=config["pretrained"], bert=config["bert"], detector_dir=config["detector"],
                  device=config["device"], progress=False, score_test=False)
@@ -204,6 +206,40 @@ def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
     io.write_json(out / "best.json", summary, indent=2)
     parent.log_metrics({"best_val_accuracy": best["best_val_accuracy"], "best_lr": best["lr"]})
     return summary
+
+
+def trial_dir(task_dir, lr: float) -> Path:
+    """The folder of one trial of a task's sweep (checkpoint/ and best/, as any fine-tuning run)."""
+    return Path(task_dir) / "trials" / f"lr_{lr:g}"
+
+
+def continue_trial(task_dir, seed: int, out) -> Path | None:
+    """Start the chosen rate's run for `seed` where the sweep's own trial of it stopped.
+
+    The trial is that very run (same preset, rate and seed; trials run with the sweep's seed) cut
+    short: Ray ends it inside its last report, before its last checkpoint, or ASHA stops it early.
+    Its checkpoint and best weights are copied into OUT, whose fine-tuning then resumes from them
+    as from its own crash, to the same metrics as a run from scratch. Returns the trial folder, or
+    None (another seed, OUT already has a checkpoint of its own, or the trial left none).
+    """
+    from ..engine.checkpoint import latest_checkpoint
+
+    best = json.loads((Path(task_dir) / "best.json").read_text())
+    if int(best["seed"]) != seed:
+        return None
+    out, trial = Path(out), trial_dir(task_dir, float(best["lr"]))
+    checkpoint = latest_checkpoint(trial / "checkpoint")
+    if latest_checkpoint(out / "checkpoint") is not None or checkpoint is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    for source, name in ((trial / "best", "best"), (checkpoint, "checkpoint")):
+        if source.is_dir():
+            partial = out / f"{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(source, partial)
+            shutil.rmtree(out / name, ignore_errors=True)
+            partial.rename(out / name)
+    return trial
 
 
 def sweep_seed(preset: dict) -> int:

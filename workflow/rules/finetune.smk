@@ -1,5 +1,6 @@
 # Learning-rate sweeps (Ray Tune) per setting over all its tasks, then the chosen rates re-run
-# with every seed. One job per setting and stage: a job's start-up (imports, a Ray session) is
+# with every seed; the sweep's own seed continues its trial of the chosen rate (--continue-trial)
+# from the trial's last checkpoint instead of running it again. One job per setting and stage: a job's start-up (imports, a Ray session) is
 # paid once for its five tasks, and its trials share Ray's worker processes.
 
 
@@ -54,6 +55,6 @@ rule finetune_seeds:
         gpu=GPU,
     shell:
         "vlbert finetune --config {params.preset} --setting {wildcards.setting} --task {params.tasks} "
-        "--lr-from {RESULTS}/sweep/{wildcards.setting} --seed {params.seeds} --data {DATA} "
+        "--lr-from {RESULTS}/sweep/{wildcards.setting} --continue-trial --seed {params.seeds} --data {DATA} "
         "--features {params.features} --bert {params.bert} "
         "--out {RESULTS}/finetune/{wildcards.setting} --threads {threads} --device {DEVICE} --quiet > {log} 2>&1"

@@ -97,10 +97,12 @@ def make_item(scene: Scene, rng: np.random.Generator) -> dict | None:
     """One VCR question about the scene, with shuffled choices and their labels."""
     n = len(scene.objects)
     i, j = (int(v) for v in rng.permutation(n)[:2]) if n >= 2 else (0, 0)
-    kinds = [k for k in _KINDS if n >= 2 or k not in (_compare, _same_feel)]
-    if scene.objects[i].size == scene.objects[j].size or i == j:
-        kinds = [k for k in kinds if k is not _compare]
+    # The kind first, then a pair it can be asked about: a comparison needs two sizes.
+    other_size = [k for k in range(n) if scene.objects[k].size != scene.objects[i].size]
+    kinds = [k for k in _KINDS if (n >= 2 or k not in (_compare, _same_feel)) and (other_size or k is not _compare)]
     kind = kinds[int(rng.integers(len(kinds)))]
+    if kind is _compare and scene.objects[j].size == scene.objects[i].size:
+        j = other_size[int(rng.integers(len(other_size)))]
     question, answers, rationales = kind(scene, rng, i, j)
     answer_order, rationale_order = rng.permutation(4), rng.permutation(4)
     return {
