@@ -222,7 +222,9 @@ def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
             values = [v for v in (means if row == 0 else published) if not math.isnan(v)]
             if values:
                 low = min(values) - 3 * (max(stds) if row == 0 and not all(math.isnan(s) for s in stds) else 1)
-                axes[row, k].set_ylim(max(0, low), max(values) + 3)
+                # The top leaves room for the error bars, which a large seed spread makes long.
+                tops = [m + (0 if math.isnan(s) else s) for m, s in zip(means, stds)] if row == 0 else values
+                axes[row, k].set_ylim(max(0, low), max(t for t in tops if not math.isnan(t)) + 2)
             axes[row, k].tick_params(axis="x", rotation=45)
     axes[0, 0].set_ylabel("accuracy (%)")
     axes[1, 0].set_ylabel("accuracy (%)")
