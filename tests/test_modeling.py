@@ -130,6 +130,19 @@ def test_a_masked_roi_keeps_its_geometry_not_its_appearance(smoke_detector, regi
     assert not torch.allclose(masked[0, 1], masked[0, 2])                 # where each region is, is not
 
 
+def test_words_take_the_image_at_a_learnt_scale_that_starts_at_zero(smoke_detector, regions, processor):
+    # VL-BERT's visual_scale_text: at full scale the whole image's embedding drowns the words.
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector).train()
+    scale = model.vlbert.visual_embeddings.text_scale
+    assert scale.item() == 0.0
+    batch = text_inputs(processor, results)
+    out = model(**batch, visual=visual_inputs(images, results),
+                mlm_labels=torch.where(batch["input_ids"] == processor.mask_id, 2003, -100))
+    out.loss.backward()
+    assert scale.grad is not None and scale.grad.item() != 0.0                 # it is learnt
+
+
 # 3 ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tune", [False, True])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight", "mask_embedding", "text_only_embedding")
+NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight", "mask_embedding", "text_only_embedding", "text_scale")
 FAST_RCNN = "fast_rcnn."   # the Fast R-CNN module's parameters: `frcnn_lr_factor` x the rate
 
 

@@ -20,6 +20,8 @@ class VLBertConfig(BertConfig):
     num_answers: VQA answer vocabulary size (0 when there is no VQA head).
     frcnn: the detector's config (DetectorConfig.to_json()); None: features always come cached.
     tune_frcnn: whether the Fast R-CNN module receives gradients.
+    visual_scale_text_init: initial value of the learnt scale on the visual embedding that text
+        elements take (VL-BERT's `visual_scale_text_init`, 0 in its released configs).
     """
 
     model_type = "vlbert"
@@ -27,7 +29,7 @@ class VLBertConfig(BertConfig):
     def __init__(self, visual_feature_dim: int = 128, geometry_wavelengths: int = 8,
                  num_visual_classes: int = 7, num_answers: int = 0, frcnn: dict | None = None,
                  tune_frcnn: bool = False, img_token_id: int = 1, end_token_id: int = 2,
-                 type_vocab_size: int = 3, **kwargs):
+                 type_vocab_size: int = 3, visual_scale_text_init: float = 0.0, **kwargs):
         kwargs.setdefault("attn_implementation", "sdpa")
         super().__init__(type_vocab_size=type_vocab_size, **kwargs)
         self.visual_feature_dim = visual_feature_dim
@@ -38,6 +40,7 @@ class VLBertConfig(BertConfig):
         self.tune_frcnn = tune_frcnn
         self.img_token_id = img_token_id
         self.end_token_id = end_token_id
+        self.visual_scale_text_init = visual_scale_text_init
 
     @property
     def geometry_dim(self) -> int:

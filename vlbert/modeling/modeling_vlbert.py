@@ -3,8 +3,9 @@
 Input: `[CLS] sentence A [SEP] (sentence B [SEP]) [IMG] x R [END]`. Every element's embedding is
 token + visual feature + segment (A, B, C=image) + position, with one position shared by all
 visual elements. The visual feature embedding is FC(concat(appearance, geometry)); text elements
-take the whole-image RoI's, text-only input takes one learned embedding, a masked RoI a learned
-mask embedding in place of its appearance (its geometry stays). The encoder is transformers' BertModel (attention through SDPA); token, segment
+take the whole-image RoI's (times a learnt scale that starts at 0), text-only input takes one
+learned embedding, a masked RoI a learned mask embedding in place of its appearance (its
+geometry stays). The encoder is transformers' BertModel (attention through SDPA); token, segment
 and position embeddings and the LayerNorm are BERT's own.
 
 Reading order: weight init, visual embeddings, `VLBertModel`, then one class per head.
@@ -81,6 +82,10 @@ class VLBertVisualEmbeddings(nn.Module):
         self.projection = nn.Linear(config.visual_feature_dim + config.geometry_dim, config.hidden_size)
         self.mask_embedding = nn.Parameter(torch.zeros(config.visual_feature_dim))
         self.text_only_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        # VL-BERT's `visual_scale_text`: a learnt scale on the visual embedding that words take,
+        # from 0 in its released configs. At full scale the whole image's embedding drowns the
+        # words (here: norm 2.6 against 0.7), and no region can find the words that describe it.
+        self.text_scale = nn.Parameter(torch.tensor(float(config.visual_scale_text_init)))
 
     def forward(self, appearance: torch.Tensor, visual: VisualInputs) -> torch.Tensor:
         size = visual.image_sizes.to(appearance.dtype).repeat(1, 2).unsqueeze(1)  # [B, 1, 4]
@@ -133,6 +138,8 @@ class VLBertModel(nn.Module):
         else:
             rois = self.visual_embeddings(self.appearance(visual), visual)                 # [B, R, H]
             element_visual = rois.gather(1, visual_index.unsqueeze(-1).expand(-1, -1, rois.shape[-1]))
+            is_region = (input_ids == self.config.img_token_id).unsqueeze(-1)
+            element_visual = torch.where(is_region, element_visual, self.visual_embeddings.text_scale * element_visual)
             if text_only is not None:
                 element_visual = torch.where(text_only[:, None, None], text_only_row, element_visual)
         output = self.bert(inputs_embeds=words + element_visual, token_type_ids=token_type_ids,
