@@ -1,7 +1,8 @@
 # Learning-rate sweeps (Ray Tune) per setting over all its tasks, then the chosen rates re-run
 # with every seed; the sweep's own seed continues its trial of the chosen rate (--continue-trial)
-# from the trial's last checkpoint instead of running it again. One job per setting and stage: a job's start-up (imports, a Ray session) is
-# paid once for its five tasks, and its trials share Ray's worker processes.
+# from the trial's last checkpoint instead of running it again. One job per setting and stage:
+# a job's start-up (imports, a Ray session) is paid once for its five tasks, and its trials share
+# Ray's worker processes.
 
 
 rule sweep:
