@@ -130,6 +130,22 @@ def test_a_masked_roi_keeps_its_geometry_not_its_appearance(smoke_detector, regi
     assert not torch.allclose(masked[0, 1], masked[0, 2])                 # where each region is, is not
 
 
+def test_the_features_are_centred_on_a_mean_saved_with_the_weights(smoke_detector, regions, tmp_path):
+    # Uncentred, pre-training grows the features' common part until an image's regions embed alike.
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector)
+    embed = model.vlbert.visual_embeddings
+    visual = visual_inputs(images, results, cached=True)
+    mean = visual.features[visual.roi_mask].mean(0)
+    with torch.no_grad():
+        uncentred = embed(visual.features - mean, visual)
+        embed.appearance_mean.copy_(mean)
+        centred = embed(visual.features, visual)
+    assert torch.allclose(centred, uncentred, atol=1e-6)
+    model.save_pretrained(tmp_path)
+    assert torch.equal(VLBertForVQA.from_pretrained(tmp_path, num_answers=5).vlbert.visual_embeddings.appearance_mean, mean)
+
+
 def test_words_take_the_image_at_a_learnt_scale_that_starts_at_zero(smoke_detector, regions, processor):
     # VL-BERT's visual_scale_text: at full scale the whole image's embedding drowns the words.
     images, results = regions

@@ -121,6 +121,15 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
     assert (out / "best" / "model.safetensors").is_file() and 0 <= summary["val"]["mlm_accuracy"] <= 100
     config = json.loads((out / "best" / "config.json").read_text())
     assert config["tune_frcnn"] is SETTINGS[name].tune_frcnn
+    # The features are centred on the caption images' mean, and the checkpoint keeps it.
+    from safetensors.torch import load_file
+    from vlbert.data.feature_store import FeatureStore
+    from vlbert.engine.data import CaptionDataset, feature_mean
+    captions = CaptionDataset(smoke_study["data"] / "conceptual_captions", "train",
+                              FeatureStore(smoke_study["features"] / "conceptual_captions.train.det.h5"),
+                              smoke_config.get("model", {}).get("max_rois"))
+    saved = load_file(str(out / "best" / "model.safetensors"))["vlbert.visual_embeddings.appearance_mean"]
+    assert saved.abs().sum() > 0 and torch.equal(saved, feature_mean(c["regions"] for c in captions))
 
 
 def test_tune_frcnn_changes_the_fast_rcnn_only_in_full(smoke_study):
@@ -144,6 +153,15 @@ def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tm
                  *study_args(smoke_study)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["setting"] == "no_pretrain" and metrics["task"] == task and metrics["seed"] == 0
+    # Without pre-training, the features are centred on the task's own training images.
+    from safetensors.torch import load_file
+    from vlbert.engine.build import load_processor
+    from vlbert.engine.data import feature_mean
+    from vlbert.engine.tasks import build_task
+    train = build_task(task, load_processor(smoke_study["bert"], 40), smoke_study["data"],
+                       smoke_study["features"]).examples("train")
+    saved = load_file(str(out / "best" / "model.safetensors"))["vlbert.visual_embeddings.appearance_mean"]
+    assert torch.equal(saved, feature_mean(e["regions"] for e in train))
     assert metrics["lr"] == float(lr) and metrics["epochs"] == 1 and metrics["best_epoch"] == 1
     assert len(metrics["val_history"]) == 1 and metrics["val"]["accuracy"] == metrics["val_history"][0]["accuracy"]
     data = smoke_study["data"]

@@ -33,10 +33,13 @@ def vlbert_config(preset: dict, bert: str | Path, detector_dir, **overrides) -> 
         frcnn=detector, **overrides)
 
 
-def build_model(cls, preset: dict, bert, detector_dir, **overrides):
-    """A new VL-BERT head model: text weights from `bert`, Fast R-CNN from the detector.
-    Returns (model, load report)."""
+def build_model(cls, preset: dict, bert, detector_dir, appearance_mean=None, **overrides):
+    """A new VL-BERT head model: text weights from `bert`, Fast R-CNN from the detector, and the
+    appearance features centred on `appearance_mean` (that of its training images, from
+    `data.feature_mean`; None: not centred). Returns (model, load report)."""
     model = cls(vlbert_config(preset, bert, detector_dir, **overrides))
     report = model.load_bert(bert)
     model.vlbert.fast_rcnn.load_detector_weights(detector_dir)
+    if appearance_mean is not None:
+        model.vlbert.visual_embeddings.appearance_mean.copy_(appearance_mean)
     return model, report

@@ -9,6 +9,8 @@ same choices as an uninterrupted one.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,16 @@ def regions_of(store: FeatureStore, key: str, image_path: Path | None = None, ma
     rows = slice(None) if max_rois is None else slice(0, max_rois + 1)
     return Regions(item["boxes"][rows], item["labels"][rows], item["features"][rows], item["box_ids"][rows],
                    item["width"], item["height"], image_path)
+
+
+def feature_mean(regions: Iterable[Regions], limit: int = 20_000) -> torch.Tensor:
+    """The mean appearance feature over every row (the whole image and its RoIs) of the first
+    `limit` examples' regions, each counted as often as training sees it: what the visual
+    embeddings centre the features on."""
+    rows = [r.features for r in itertools.islice(regions, limit)]
+    if not rows:
+        raise ValueError("no images to take the appearance features' mean from")
+    return torch.from_numpy(np.concatenate(rows).astype(np.float64).mean(0)).float()
 
 
 def visual_batch(regions: list[Regions], with_images: bool = False, masked: torch.Tensor | None = None) -> VisualInputs:

@@ -15,6 +15,7 @@ import torch
 
 from .. import io
 from .build import build_model
+from .data import feature_mean
 from .device import move_to
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
@@ -46,16 +47,18 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
     # stores its frozen copy made (`vlbert tune-features`), else run it on the images each step.
     task = build_task(task_name, processor, data_root, features_dir)
     task.recompute = recomputes_features(setting, task.store_paths(), pretrained)
+    train, val = task.examples("train"), task.examples("val")
     if setting.pretrains:
         if pretrained is None:
             raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")
+        # The features stay centred on the pre-training images' mean, saved with the weights.
         model = task.model_class.from_pretrained(pretrained, **task.model_overrides(), tune_frcnn=False)
     else:
-        model, _ = build_model(task.model_class, preset, bert, detector_dir, **task.model_overrides())
+        model, _ = build_model(task.model_class, preset, bert, detector_dir, **task.model_overrides(),
+                               appearance_mean=feature_mean(e["regions"] for e in train))
     model.to(device)
     options = preset["finetune"][task.options_key]
     epochs = max(1, round(options["epochs"] * preset["finetune"].get("epoch_factor", 1.0)))
-    train, val = task.examples("train"), task.examples("val")
     batch_size = options["batch_size"]
     batches = math.ceil(len(train) / batch_size)
     optimizer = build_optimizer(model, options, lr)

@@ -18,7 +18,7 @@ from ..data.feature_store import FeatureStore
 from ..modeling import VLBertForPreTraining
 from .build import build_model
 from .device import move_to
-from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator
+from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
@@ -58,12 +58,13 @@ def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir,
         raise ValueError(f"setting {setting.name!r} has no pre-training: fine-tune from the BERT init")
     seed, options = preset["seed"], preset["pretrain"]
     torch.manual_seed(seed)
-    model, report = build_model(VLBertForPreTraining, preset, bert, detector_dir, tune_frcnn=setting.tune_frcnn)
-    model.to(device)
     data_root, features_dir, out = Path(data_root), Path(features_dir), Path(out)
     max_rois = preset.get("model", {}).get("max_rois")
     captions = CaptionDataset(data_root / "conceptual_captions", "train",
                               FeatureStore(features_dir / "conceptual_captions.train.det.h5", preload=True), max_rois)
+    model, report = build_model(VLBertForPreTraining, preset, bert, detector_dir, tune_frcnn=setting.tune_frcnn,
+                                appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))))
+    model.to(device)
     val = CaptionDataset(data_root / "conceptual_captions", "val",
                          FeatureStore(features_dir / "conceptual_captions.val.det.h5", preload=True), max_rois)
     corpus = CorpusDataset(data_root / "text_corpus" / "corpus.txt") if setting.text_corpus else None
