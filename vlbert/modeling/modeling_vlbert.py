@@ -2,10 +2,10 @@
 
 Input: `[CLS] sentence A [SEP] (sentence B [SEP]) [IMG] x R [END]`. Every element's embedding is
 token + visual feature + segment (A, B, C=image) + position, with one position shared by all
-visual elements. The visual feature embedding is FC(concat(appearance, geometry)); text elements
-take the whole-image RoI's (times a learnt scale that starts at 0), text-only input takes one
-learned embedding, a masked RoI a learned mask embedding in place of its appearance (its
-geometry stays). The encoder is transformers' BertModel (attention through SDPA); token, segment
+visual elements. The visual feature embedding is FC(concat(appearance - its training mean,
+geometry)); text elements take the whole-image RoI's (times a learnt scale that starts at 0),
+text-only input takes one learned embedding, a masked RoI a learned mask embedding in place of
+its appearance (its geometry stays). The encoder is transformers' BertModel (attention through SDPA); token, segment
 and position embeddings and the LayerNorm are BERT's own.
 
 Reading order: weight init, visual embeddings, `VLBertModel`, then one class per head.

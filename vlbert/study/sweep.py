@@ -231,14 +231,10 @@ def continue_trial(task_dir, seed: int, out) -> Path | None:
     checkpoint = latest_checkpoint(trial / "checkpoint")
     if latest_checkpoint(out / "checkpoint") is not None or checkpoint is None:
         return None
-    out.mkdir(parents=True, exist_ok=True)
     for source, name in ((trial / "best", "best"), (checkpoint, "checkpoint")):
         if source.is_dir():
-            partial = out / f"{name}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            shutil.copytree(source, partial)
-            shutil.rmtree(out / name, ignore_errors=True)
-            partial.rename(out / name)
+            with io.atomic_dir(out / name) as partial:
+                shutil.copytree(source, partial, dirs_exist_ok=True)
     return trial
 
 
