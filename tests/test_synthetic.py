@@ -100,7 +100,6 @@ def test_vcr_right_answers_need_the_image(smoke_world):
         assert len({json.dumps(c) for c in e.rationale_choices}) == 4
 
 
-
 def test_vcr_asks_every_kind_of_question_about_as_often():
     # The kind is drawn first and a fitting pair after it: a comparison, which needs two sizes,
     # is not made rare by how often two random objects differ in size.
