@@ -59,6 +59,12 @@ def test_smoke_study_writes_the_report(smoke_run):
                                            "text_helps", "tune_frcnn_helps"]
     for name in ("table4_bars", "delta_heatmap", "lr_sweeps", "pretraining_loss"):
         assert (report / "figures" / f"{name}.png").stat().st_size > 10_000
+    # Each pre-trained setting's masked words, with its own images and another's, read from MLflow.
+    rows = {line.split("|")[1].strip(): line.split("|")[2:5]
+            for line in (report / "pretraining.md").read_text().splitlines() if line.startswith("| ")}
+    for setting in ("a", "b", "c", "d", "full"):
+        own, other, gain = (float(cell) for cell in rows[setting])
+        assert gain == pytest.approx(own - other, abs=0.11)
     import pandas as pd
     runs = pd.read_csv(report / "runs.csv")
     finetunes = runs[(runs["stage"] == "finetune") & (runs["status"] == "FINISHED")]

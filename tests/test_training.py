@@ -119,6 +119,8 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
                        smoke_study["features"], out, tracker, load_processor(smoke_study["bert"], 40), progress=False)
     assert tracker.seen == EXPECTED_LOSSES[name]
     assert (out / "best" / "model.safetensors").is_file() and 0 <= summary["val"]["mlm_accuracy"] <= 100
+    val = summary["val"]
+    assert val["visual_clue_gain"] == pytest.approx(val["mlm_accuracy"] - val["mlm_accuracy_other_image"])
     config = json.loads((out / "best" / "config.json").read_text())
     assert config["tune_frcnn"] is SETTINGS[name].tune_frcnn
     # The features are centred on the caption images' mean, and the checkpoint keeps it.
@@ -130,6 +132,41 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
                               smoke_config.get("model", {}).get("max_rois"))
     saved = load_file(str(out / "best" / "model.safetensors"))["vlbert.visual_embeddings.appearance_mean"]
     assert saved.abs().sum() > 0 and torch.equal(saved, feature_mean(c["regions"] for c in captions))
+
+
+def test_other_image_order_pairs_each_image_with_one_of_as_many_regions():
+    from vlbert.engine.pretrain import other_image_order
+    counts = [3, 2, 3, 5, 2, 3]
+    order = other_image_order(counts)
+    assert sorted(order) == list(range(len(counts)))                 # every image is used once
+    assert all(counts[j] == counts[i] for i, j in enumerate(order))
+    assert [i for i, j in enumerate(order) if i == j] == [3]          # only the lone 5-region image keeps its own
+
+
+def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_config):
+    import dataclasses
+    from vlbert.data.feature_store import FeatureStore
+    from vlbert.engine.build import load_processor
+    from vlbert.engine.data import CaptionDataset, PretrainCollator
+    from vlbert.engine.pretrain import validation_batches, visual_clue_accuracy
+    from vlbert.modeling import VLBertForPreTraining
+    val = CaptionDataset(smoke_study["data"] / "conceptual_captions", "val",
+                         FeatureStore(smoke_study["features"] / "conceptual_captions.val.det.h5"),
+                         smoke_config.get("model", {}).get("max_rois"))
+    processor = load_processor(smoke_study["bert"], 40)
+    setting = dataclasses.replace(SETTINGS["a"], masked_roi=False, sentence_image=False)
+    own, other = validation_batches(val, PretrainCollator(processor, setting, val), 0, 4, with_images=False)
+    for mine, theirs in zip(own, other):
+        for key in ("input_ids", "mlm_labels", "visual_index"):
+            assert torch.equal(mine[key], theirs[key]), key
+    assert any(not torch.equal(a["visual"].features, b["visual"].features) for a, b in zip(own, other))
+    # A model whose visual projection ignores the appearance and boxes cannot gain from the image.
+    from vlbert.engine.build import build_model
+    model, _ = build_model(VLBertForPreTraining, smoke_config, smoke_study["bert"], smoke_study["detector"])
+    with torch.no_grad():
+        model.vlbert.visual_embeddings.projection.weight.zero_()
+    blind = visual_clue_accuracy(model, own, other)
+    assert blind["visual_clue_gain"] == 0 and blind["mlm_accuracy"] == blind["mlm_accuracy_other_image"]
 
 
 def test_tune_frcnn_changes_the_fast_rcnn_only_in_full(smoke_study):

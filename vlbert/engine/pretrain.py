@@ -4,6 +4,9 @@ The setting (vlbert.study.registry) decides the tasks: masked language modelling
 clues always; masked RoI classification with linguistic clues (b, c, d, full); sentence-image
 relation prediction with 50% mismatched captions (c); the text-only corpus mixed 1:1 per batch
 (d, full); the Fast R-CNN tuned (full) or frozen.
+
+Validation scores the masked words of the val captions with each caption's own image and with
+another's, on the same masks: the difference is how much the model reads the image at all.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from ..data.feature_store import FeatureStore
 from ..modeling import VLBertForPreTraining
 from .build import build_model
 from .device import move_to
-from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean
+from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean, visual_batch
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
@@ -49,6 +52,47 @@ def masked_lm_accuracy(model, batches) -> dict:
         total += len(labels)
         loss_sum += float(out.losses["mlm"]) * len(labels) if "mlm" in out.losses else 0.0
     return {"mlm_accuracy": 100 * right / max(total, 1), "mlm_loss": loss_sum / max(total, 1)}
+
+
+def other_image_order(num_rois: list[int]) -> list[int]:
+    """For each example, another example whose image has as many regions: each group of equal
+    counts rolled by one. A caption then encodes to the same tokens with either image and draws
+    the same masks. An example alone in its group keeps its own image."""
+    groups: dict[int, list[int]] = {}
+    for index, count in enumerate(num_rois):
+        groups.setdefault(count, []).append(index)
+    order = list(range(len(num_rois)))
+    for members in groups.values():
+        for index, other in zip(members, members[1:] + members[:1]):
+            order[index] = other
+    return order
+
+
+def visual_clue_accuracy(model, own_batches, other_batches) -> dict:
+    """Masked-word accuracy with each caption's own image and with another caption's, on the same
+    masks. Their difference, `visual_clue_gain`, is what the image adds: 0 for a model that has
+    not learnt to read it, whatever its accuracy on the words the text alone gives away."""
+    own, other = masked_lm_accuracy(model, own_batches), masked_lm_accuracy(model, other_batches)
+    return {**own, "mlm_accuracy_other_image": other["mlm_accuracy"],
+            "visual_clue_gain": own["mlm_accuracy"] - other["mlm_accuracy"]}
+
+
+def validation_batches(val, collate, seed: int, batch_size: int, with_images: bool) -> tuple[list, list]:
+    """The validation batches with each caption's own image and with another's (same masks)."""
+    examples = [val[i] for i in range(len(val))]
+    order = other_image_order([e["regions"].num_rois for e in examples])
+    swapped = [{**e, "regions": examples[j]["regions"]} for e, j in zip(examples, order)]
+    out = []
+    for chosen in (examples, swapped):
+        batches = []
+        for k in range(0, len(chosen), batch_size):
+            chunk = chosen[k:k + batch_size]
+            batch = collate(chunk, batch_generator(seed, 0, k, "val"))
+            if with_images:  # a tuned Fast R-CNN no longer matches the cached features: recompute
+                batch["visual"] = visual_batch([e["regions"] for e in chunk], with_images=True)
+            batches.append(batch)
+        out.append(batches)
+    return out[0], out[1]
 
 
 def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir, out, tracker, processor,
@@ -94,19 +138,15 @@ def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir,
             outputs.append(("text_", model(**batch["text"])))
         return _merge_losses(outputs)
 
-    # Validation masks are fixed: the same words masked after every epoch and in every setting.
+    # Validation masks are fixed: the same words masked after every epoch and in every setting,
+    # scored with each caption's own image and with another's.
     val_setting = dataclasses.replace(setting, masked_roi=False, sentence_image=False)
-    val_collate = PretrainCollator(processor, val_setting, val)
-    val_batches = [val_collate([val[i] for i in range(k, min(k + batch_size, len(val)))], batch_generator(seed, 0, k, "val"))
-                   for k in range(0, len(val), batch_size)]
-    if setting.tune_frcnn:  # a tuned Fast R-CNN no longer matches the cached features: recompute
-        from .data import visual_batch
-        for k, b in zip(range(0, len(val), batch_size), val_batches):
-            b["visual"] = visual_batch([val[i]["regions"] for i in range(k, min(k + batch_size, len(val)))], with_images=True)
+    own_batches, other_batches = validation_batches(val, PretrainCollator(processor, val_setting, val), seed,
+                                                    batch_size, with_images=setting.tune_frcnn)
 
     loop = TrainingLoop(wrap(model, device), optimizer, scheduler,
                         LoopConfig(epochs, batches, max_steps=max_steps, **preset.get("training", {})), out, make_batch, loss_fn, tracker,
-                        evaluate=lambda m: masked_lm_accuracy(m, val_batches), progress=progress)
+                        evaluate=lambda m: visual_clue_accuracy(m, own_batches, other_batches), progress=progress)
     state = loop.fit()
     if max_steps is not None and state.step >= max_steps:
         return loop_speed(loop, batch_size)

@@ -28,6 +28,9 @@ TABLE4_SPLIT = {"vcr_q2a": "val", "vcr_qa2r": "val", "vqa": "test", "refcoco_det
 TASK_NAMES = {"vcr_q2a": "VCR Q->A", "vcr_qa2r": "VCR QA->R", "vqa": "VQA", "refcoco_det": "RefCOCO+ det",
               "refcoco_gt": "RefCOCO+ gt", "vcr_q2ar": "VCR Q->AR"}
 TASK_TITLES = {t: f"{name} ({'test-dev' if TABLE4_SPLIT.get(t) == 'test' else 'val'})" for t, name in TASK_NAMES.items()}
+# What pre-training's validation logs (vlbert.engine.pretrain): masked words right with each caption's
+# own image and with another's, on the same masks, and their difference.
+PRETRAINING_METRICS = ("mlm_accuracy", "mlm_accuracy_other_image", "visual_clue_gain")
 FINDING_TEXT = {
     "pretrain_helps": "pre-training helps all tasks (full vs no_pretrain)",
     "mlm_helps": "MLM with visual clues helps (a vs no_pretrain)",
@@ -61,7 +64,8 @@ def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
                      "parent_run_id": tags.get("mlflow.parentRunId"), "git_commit": tags.get("git_commit"),
                      "val_accuracy": metrics.get("final_val_accuracy"),
                      "test_accuracy": metrics.get("final_test_accuracy"),
-                     "best_epoch": metrics.get("best_epoch"), "artifact_uri": run.info.artifact_uri})
+                     "best_epoch": metrics.get("best_epoch"), "artifact_uri": run.info.artifact_uri,
+                     **{name: metrics.get(f"val_{name}") for name in PRETRAINING_METRICS}})
     return pd.DataFrame(rows)
 
 
@@ -276,20 +280,48 @@ def figure_sweeps(sweep_files: list[Path], path: Path) -> None:
     plt.close(fig)
 
 
+def latest_pretraining(runs: pd.DataFrame) -> pd.DataFrame:
+    """The latest finished pre-training run of each setting, in the study's order."""
+    done = runs[(runs["stage"] == "pretrain") & (runs["status"] == "FINISHED")].drop_duplicates("setting")
+    return done.set_index("setting").reindex([s for s in SETTINGS if s in set(done["setting"])]).reset_index()
+
+
+def write_pretraining(runs: pd.DataFrame, out: Path) -> None:
+    """pretraining.md: each setting's masked words right on the val captions, with their own image
+    and with another caption's, and the difference (how much the model reads the image)."""
+    lines = ["| setting | masked words right (%) | with another caption's image (%) | visual clue gain (points) |",
+             "|---|---|---|---|"]
+    for _, run in latest_pretraining(runs).iterrows():
+        cells = ["-" if run.get(k) is None or pd.isna(run.get(k)) else f"{run[k]:.1f}" for k in PRETRAINING_METRICS]
+        lines.append(f"| {run['setting']} | " + " | ".join(cells) + " |")
+    note = ("\nLast epoch of pre-training, on the val captions with fixed masks. The same masked words are "
+            "scored twice: with each caption's own image, and with the image of another caption that has as "
+            "many regions. A gain near 0 means the model fills the masks from the words alone: whatever else "
+            "pre-training taught it, it has not learnt to read the image.\n")
+    io.write_text(out / "pretraining.md", "# Pre-training: do the masked words use the image?\n\n"
+                  + "\n".join(lines) + "\n" + note)
+
+
 def figure_pretraining(uri: str, runs: pd.DataFrame, path: Path) -> None:
     from mlflow.tracking import MlflowClient
     client = MlflowClient(uri)
-    pretrains = runs[(runs["stage"] == "pretrain") & (runs["status"] == "FINISHED")].drop_duplicates("setting")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for _, run in pretrains.iterrows():
-        history = client.get_metric_history(run["run_id"], "loss")
-        if history:
-            steps, values = zip(*sorted((m.step, m.value) for m in history))
-            ax.plot(steps, values, label=run["setting"])
-    ax.set_xlabel("step")
-    ax.set_ylabel("pre-training loss (sum of the setting's losses)")
-    ax.set_title("Pre-training loss")
-    ax.legend()
+    fig, (loss_ax, gain_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for _, run in latest_pretraining(runs).iterrows():
+        for ax, metric in ((loss_ax, "loss"), (gain_ax, "val_visual_clue_gain")):
+            history = client.get_metric_history(run["run_id"], metric)
+            if history:
+                steps, values = zip(*sorted((m.step, m.value) for m in history))
+                ax.plot(steps, values, label=run["setting"], marker="o" if metric != "loss" else None)
+    loss_ax.set_xlabel("step")
+    loss_ax.set_ylabel("pre-training loss (sum of the setting's losses)")
+    loss_ax.set_title("Pre-training loss")
+    gain_ax.axhline(0, color="grey", linewidth=0.8)
+    gain_ax.set_xlabel("step (end of each epoch)")
+    gain_ax.set_ylabel("masked words right: own image minus another's (points)")
+    gain_ax.set_title("Visual clue gain (val captions)")
+    for ax in (loss_ax, gain_ax):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -319,5 +351,6 @@ def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), v
     figure_bars(table, paper, out / "figures" / "table4_bars.png")
     figure_heatmap(table, paper, out / "figures" / "delta_heatmap.png")
     figure_sweeps(list(sweep_files), out / "figures" / "lr_sweeps.png")
+    write_pretraining(runs, out)
     figure_pretraining(uri, runs, out / "figures" / "pretraining_loss.png")
     return {"runs": len(runs), "finetune_runs": len(finetunes), "findings_agreeing": sum(r["agrees"] for r in results)}

@@ -10,6 +10,7 @@ rule report:
         tex=f"{REPORT}/table4.tex",
         findings=report(f"{REPORT}/findings.md", caption="../report/findings.rst", category="Findings"),
         runs=f"{REPORT}/runs.csv",
+        pretraining_table=report(f"{REPORT}/pretraining.md", caption="../report/pretraining.rst", category="Pre-training"),
         bars=report(f"{REPORT}/figures/table4_bars.png", caption="../report/table4_bars.rst", category="Figures"),
         heatmap=report(f"{REPORT}/figures/delta_heatmap.png", caption="../report/delta_heatmap.rst", category="Figures"),
         sweeps=report(f"{REPORT}/figures/lr_sweeps.png", caption="../report/lr_sweeps.rst", category="Figures"),
