@@ -317,7 +317,7 @@ def figure_pretraining(uri: str, runs: pd.DataFrame, path: Path) -> None:
     loss_ax.set_title("Pre-training loss")
     gain_ax.axhline(0, color="grey", linewidth=0.8)
     gain_ax.set_xlabel("step (end of each epoch)")
-    gain_ax.set_ylabel("masked words right: own image minus another's (points)")
+    gain_ax.set_ylabel("own image minus another's (points)")
     gain_ax.set_title("Visual clue gain (val captions)")
     for ax in (loss_ax, gain_ax):
         if ax.get_legend_handles_labels()[0]:
