@@ -77,22 +77,34 @@ def visual_clue_accuracy(model, own_batches, other_batches) -> dict:
             "visual_clue_gain": own["mlm_accuracy"] - other["mlm_accuracy"]}
 
 
-def validation_batches(val, collate, seed: int, batch_size: int, with_images: bool) -> tuple[list, list]:
+class ValidationBatches:
+    """Validation batches, collated each time they are iterated (a real val set's features do not
+    fit in memory once per batch copy) with the same masks every time: each batch's generator is
+    seeded by its first example's index."""
+
+    def __init__(self, examples: list[dict], collate, seed: int, batch_size: int, with_images: bool):
+        self.examples, self.collate, self.seed, self.batch_size = examples, collate, seed, batch_size
+        self.with_images = with_images
+
+    def __len__(self):
+        return math.ceil(len(self.examples) / self.batch_size)
+
+    def __iter__(self):
+        for k in range(0, len(self.examples), self.batch_size):
+            chunk = self.examples[k:k + self.batch_size]
+            batch = self.collate(chunk, batch_generator(self.seed, 0, k, "val"))
+            if self.with_images:  # a tuned Fast R-CNN no longer matches the cached features: recompute
+                batch["visual"] = visual_batch([e["regions"] for e in chunk], with_images=True)
+            yield batch
+
+
+def validation_batches(val, collate, seed: int, batch_size: int,
+                       with_images: bool) -> tuple[ValidationBatches, ValidationBatches]:
     """The validation batches with each caption's own image and with another's (same masks)."""
     examples = [val[i] for i in range(len(val))]
     order = other_image_order([e["regions"].num_rois for e in examples])
     swapped = [{**e, "regions": examples[j]["regions"]} for e, j in zip(examples, order)]
-    out = []
-    for chosen in (examples, swapped):
-        batches = []
-        for k in range(0, len(chosen), batch_size):
-            chunk = chosen[k:k + batch_size]
-            batch = collate(chunk, batch_generator(seed, 0, k, "val"))
-            if with_images:  # a tuned Fast R-CNN no longer matches the cached features: recompute
-                batch["visual"] = visual_batch([e["regions"] for e in chunk], with_images=True)
-            batches.append(batch)
-        out.append(batches)
-    return out[0], out[1]
+    return tuple(ValidationBatches(chosen, collate, seed, batch_size, with_images) for chosen in (examples, swapped))
 
 
 def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir, out, tracker, processor,
