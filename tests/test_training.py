@@ -155,7 +155,7 @@ def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_
                          smoke_config.get("model", {}).get("max_rois"))
     processor = load_processor(smoke_study["bert"], 40)
     setting = dataclasses.replace(SETTINGS["a"], masked_roi=False, sentence_image=False)
-    own, other = validation_batches(val, PretrainCollator(processor, setting, val), 0, 4, with_images=False)
+    own, other = validation_batches(val, PretrainCollator(processor, setting, val), 0, 4)
     for mine, theirs in zip(own, other):
         for key in ("input_ids", "mlm_labels", "visual_index"):
             assert torch.equal(mine[key], theirs[key]), key

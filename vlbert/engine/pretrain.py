@@ -21,7 +21,7 @@ from ..data.feature_store import FeatureStore
 from ..modeling import VLBertForPreTraining
 from .build import build_model
 from .device import move_to
-from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean, visual_batch
+from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
@@ -82,29 +82,24 @@ class ValidationBatches:
     fit in memory once per batch copy) with the same masks every time: each batch's generator is
     seeded by its first example's index."""
 
-    def __init__(self, examples: list[dict], collate, seed: int, batch_size: int, with_images: bool):
+    def __init__(self, examples: list[dict], collate, seed: int, batch_size: int):
         self.examples, self.collate, self.seed, self.batch_size = examples, collate, seed, batch_size
-        self.with_images = with_images
 
     def __len__(self):
         return math.ceil(len(self.examples) / self.batch_size)
 
     def __iter__(self):
         for k in range(0, len(self.examples), self.batch_size):
-            chunk = self.examples[k:k + self.batch_size]
-            batch = self.collate(chunk, batch_generator(self.seed, 0, k, "val"))
-            if self.with_images:  # a tuned Fast R-CNN no longer matches the cached features: recompute
-                batch["visual"] = visual_batch([e["regions"] for e in chunk], with_images=True)
-            yield batch
+            yield self.collate(self.examples[k:k + self.batch_size], batch_generator(self.seed, 0, k, "val"))
 
 
-def validation_batches(val, collate, seed: int, batch_size: int,
-                       with_images: bool) -> tuple[ValidationBatches, ValidationBatches]:
-    """The validation batches with each caption's own image and with another's (same masks)."""
+def validation_batches(val, collate, seed: int, batch_size: int) -> tuple[ValidationBatches, ValidationBatches]:
+    """The validation batches with each caption's own image and with another's (same masks). The
+    collator gives a setting that tunes Fast R-CNN the images, whose features it recomputes."""
     examples = [val[i] for i in range(len(val))]
     order = other_image_order([e["regions"].num_rois for e in examples])
     swapped = [{**e, "regions": examples[j]["regions"]} for e, j in zip(examples, order)]
-    return tuple(ValidationBatches(chosen, collate, seed, batch_size, with_images) for chosen in (examples, swapped))
+    return ValidationBatches(examples, collate, seed, batch_size), ValidationBatches(swapped, collate, seed, batch_size)
 
 
 def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir, out, tracker, processor,
@@ -153,8 +148,7 @@ def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir,
     # Validation masks are fixed: the same words masked after every epoch and in every setting,
     # scored with each caption's own image and with another's.
     val_setting = dataclasses.replace(setting, masked_roi=False, sentence_image=False)
-    own_batches, other_batches = validation_batches(val, PretrainCollator(processor, val_setting, val), seed,
-                                                    batch_size, with_images=setting.tune_frcnn)
+    own_batches, other_batches = validation_batches(val, PretrainCollator(processor, val_setting, val), seed, batch_size)
 
     loop = TrainingLoop(wrap(model, device), optimizer, scheduler,
                         LoopConfig(epochs, batches, max_steps=max_steps, **preset.get("training", {})), out, make_batch, loss_fn, tracker,

@@ -282,8 +282,8 @@ def figure_sweeps(sweep_files: list[Path], path: Path) -> None:
 
 def latest_pretraining(runs: pd.DataFrame) -> pd.DataFrame:
     """The latest finished pre-training run of each setting, in the study's order."""
-    done = runs[(runs["stage"] == "pretrain") & (runs["status"] == "FINISHED")].drop_duplicates("setting")
-    return done.set_index("setting").reindex([s for s in SETTINGS if s in set(done["setting"])]).reset_index()
+    done = latest_finished(runs, "pretrain").set_index("setting")
+    return done.reindex([s for s in SETTINGS if s in done.index]).reset_index()
 
 
 def write_pretraining(runs: pd.DataFrame, out: Path) -> None:
