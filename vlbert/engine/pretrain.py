@@ -78,15 +78,12 @@ def visual_clue_accuracy(model, own_batches, other_batches) -> dict:
 
 
 class ValidationBatches:
-    """Validation batches, collated each time they are iterated (a real val set's features do not
-    fit in memory once per batch copy) with the same masks every time: each batch's generator is
-    seeded by its first example's index."""
+    """Validation batches, collated each time they are iterated (collated once and kept, a real
+    val set's features would sit in memory twice over), with the same masks every time: each
+    batch's generator is seeded by its first example's index."""
 
     def __init__(self, examples: list[dict], collate, seed: int, batch_size: int):
         self.examples, self.collate, self.seed, self.batch_size = examples, collate, seed, batch_size
-
-    def __len__(self):
-        return math.ceil(len(self.examples) / self.batch_size)
 
     def __iter__(self):
         for k in range(0, len(self.examples), self.batch_size):
