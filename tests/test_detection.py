@@ -200,3 +200,86 @@ def test_smoke_preset_trains_a_detector_and_extracts_every_data_set(smoke_world,
         with FeatureStore(out) as store:
             expected = {i.key for i in image_items(smoke_world / dataset, dataset, split, gt_boxes=gt)}
             assert set(store.keys) == expected and store.attrs["num_skipped"] == 0
+
+
+# ---- the detector's quality on ground-truth boxes ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def val_coco(smoke_world):
+    from vlbert.data.coco import read_coco
+    root = smoke_world / "detector"
+    return read_coco(root / "annotations/instances_val2017.json", root / "val2017")
+
+
+def test_ground_truth_accuracy_per_size_on_the_smoke_detector(smoke_detector, val_coco):
+    from vlbert.detection.train import ground_truth_accuracy
+    model, _ = load_detector(smoke_detector)
+    accuracy = ground_truth_accuracy(model, val_coco)
+    assert list(accuracy["by_size"]) == ["small", "large"]      # the world's own sizes, not COCO's areas
+    assert sum(g["boxes"] for g in accuracy["by_size"].values()) == accuracy["all"]["boxes"] == len(val_coco.anns)
+    for group in [*accuracy["by_size"].values(), accuracy["all"]]:
+        assert set(group) == {"boxes", "class", "shape", "colour"}
+        assert all(0 <= group[k] <= 1 for k in ("class", "shape", "colour"))
+        assert group["class"] <= min(group["shape"], group["colour"])
+
+
+def _same_shape_other_colour(coco, category_id):
+    colour, shape = coco.cats[category_id]["name"].rsplit(" ", 1)
+    return next(c for c, cat in coco.cats.items()
+                if cat["name"].endswith(f" {shape}") and not cat["name"].startswith(f"{colour} "))
+
+
+def test_ground_truth_accuracy_of_a_model_always_right_and_one_wrong_in_colour(val_coco):
+    from vlbert.detection.train import score_ground_truth_labels
+    right = score_ground_truth_labels(val_coco, {a: ann["category_id"] for a, ann in val_coco.anns.items()})
+    for group in [*right["by_size"].values(), right["all"]]:
+        assert (group["class"], group["shape"], group["colour"]) == (1.0, 1.0, 1.0)
+    wrong_colour = score_ground_truth_labels(val_coco, {a: _same_shape_other_colour(val_coco, ann["category_id"])
+                                                        for a, ann in val_coco.anns.items()})
+    for group in [*wrong_colour["by_size"].values(), wrong_colour["all"]]:
+        assert (group["class"], group["shape"], group["colour"]) == (0.0, 1.0, 0.0)
+
+
+def test_ground_truth_accuracy_without_sizes_or_colour_names_uses_coco_areas_and_classes_only():
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+
+    from vlbert.detection.train import score_ground_truth_labels
+    coco = COCO()
+    coco.dataset = {"images": [{"id": 1, "file_name": "x.jpg", "width": 200, "height": 200}],
+                    "categories": [{"id": 1, "name": "tennis racket"}, {"id": 2, "name": "dog"}],
+                    "annotations": [{"id": k + 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, side, side],
+                                     "area": side * side} for k, side in enumerate((10, 50, 150))]}
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    accuracy = score_ground_truth_labels(coco, {1: 1, 2: 2, 3: 1})
+    assert accuracy["by_size"] == {"small": {"boxes": 1, "class": 1.0}, "medium": {"boxes": 1, "class": 0.0},
+                                   "large": {"boxes": 1, "class": 1.0}}
+    assert accuracy["all"] == {"boxes": 3, "class": pytest.approx(2 / 3)}
+
+
+def test_report_writes_the_detector_quality_table_or_says_it_is_missing(tmp_path):
+    import json
+
+    from vlbert.study.report import write_detector
+    accuracy = {"by_size": {"small": {"boxes": 30, "class": 0.5, "shape": 0.9, "colour": 0.6},
+                            "large": {"boxes": 20, "class": 0.95, "shape": 1.0, "colour": 0.95}},
+                "all": {"boxes": 50, "class": 0.68, "shape": 0.94, "colour": 0.74}}
+    # Sorted keys, as the CLI writes metrics.json: the table still reads small, large, all.
+    metrics = {"val_mAP": 0.41, "val_mAP50": 0.723, "val_gt_accuracy": accuracy}
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics, sort_keys=True))
+    write_detector(tmp_path / "metrics.json", tmp_path)
+    text = (tmp_path / "detector.md").read_text()
+    assert "0.410" in text and "0.723" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows == ["| size | boxes | class right (%) | shape right (%) | colour right (%) |",
+                    "| small | 30 | 50.0 | 90.0 | 60.0 |", "| large | 20 | 95.0 | 100.0 | 95.0 |",
+                    "| all | 50 | 68.0 | 94.0 | 74.0 |"]
+    (tmp_path / "metrics.json").write_text(json.dumps({"val_mAP": 0.41, "val_mAP50": 0.723}))   # an older detector
+    write_detector(tmp_path / "metrics.json", tmp_path)
+    text = (tmp_path / "detector.md").read_text()
+    assert "0.723" in text and "no ground-truth box accuracy" in text and "| size |" not in text
+    write_detector(tmp_path / "missing.json", tmp_path)
+    assert "No detector metrics" in (tmp_path / "detector.md").read_text()

@@ -199,6 +199,25 @@ def test_masked_rois_refuse_cached_features(smoke_detector, regions, processor):
         hidden(model, text_inputs(processor, results), visual_inputs(images, results, cached=True, masked=masked))
 
 
+def test_with_cached_features_only_images_with_a_masked_roi_run_through_the_fast_rcnn(smoke_detector, regions,
+                                                                                     processor, monkeypatch):
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector)
+    masked = torch.zeros(2, max(len(r.boxes) for r in results), dtype=torch.bool)
+    masked[1, 2] = True
+    both = visual_inputs(images, results, cached=True, masked=masked)
+    both.images = images
+    seen = []
+    forward = model.vlbert.fast_rcnn.forward
+    monkeypatch.setattr(model.vlbert.fast_rcnn, "forward", lambda imgs, *a: seen.append(len(imgs)) or forward(imgs, *a))
+    with torch.no_grad():
+        mixed = hidden(model, text_inputs(processor, results), both)
+        recomputed = hidden(model, text_inputs(processor, results), visual_inputs(images, results, cached=False,
+                                                                                   masked=masked))
+    assert seen == [1, 2]                                   # the masked image alone, then both
+    assert torch.allclose(mixed, recomputed, atol=1e-5)
+
+
 # 5 ------------------------------------------------------------------------------------------
 
 def test_every_input_format_runs_through_its_head(smoke_detector, regions, processor):
@@ -277,3 +296,50 @@ def test_loading_bert_reports_only_visual_and_head_parameters_as_new(smoke_detec
     from transformers import BertModel
     reference = BertModel.from_pretrained(str(default_tokenizer_path()), add_pooling_layer=False)
     assert torch.equal(model.vlbert.bert.encoder.layer[5].output.dense.weight, reference.encoder.layer[5].output.dense.weight)
+
+
+# 7 ------------------------------------------------------------------------------------------
+
+def test_the_whole_image_is_the_first_img_element_and_never_a_candidate_region(processor):
+    encoding = processor.encode("a red circle", num_rois=3)
+    text_length = encoding["input_ids"].index(processor.img_token_id)
+    image = slice(text_length, text_length + 4)
+    assert encoding["input_ids"][image] == [processor.img_token_id] * 4
+    assert encoding["input_ids"][text_length + 4] == processor.end_token_id
+    assert encoding["visual_index"][image] == [0, 1, 2, 3]             # row 0: the whole image
+    assert set(encoding["position_ids"][image]) == {text_length}       # one position for every [IMG]
+    assert encoding["roi_positions"] == [-1, text_length + 1, text_length + 2, text_length + 3]
+    assert processor.encode("a red circle")["roi_positions"] == [-1]   # text-only: no [IMG] at all
+
+
+def test_masked_roi_loss_is_soft_cross_entropy_on_the_detector_distribution():
+    from vlbert.modeling.modeling_vlbert import masked_roi_loss
+    logits = torch.randn(2, 3, 5)
+    hard = torch.tensor([[-100, 2, -100], [4, -100, -100]])
+    one_hot = torch.zeros(2, 3, 5)
+    one_hot[0, 1, 2] = one_hot[1, 0, 4] = 1.0
+    assert torch.allclose(masked_roi_loss(logits, one_hot), masked_roi_loss(logits, hard))
+    soft = one_hot * 0.5
+    soft[0, 1, 0] = soft[1, 0, 0] = 0.5                                 # half background
+    expected = -(0.5 * logits[0, 1].log_softmax(-1)[[0, 2]].sum() + 0.5 * logits[1, 0].log_softmax(-1)[[0, 4]].sum()) / 2
+    assert torch.allclose(masked_roi_loss(logits, soft), expected)
+    assert masked_roi_loss(logits, torch.zeros(2, 3, 5)) is None        # nothing masked
+
+
+def test_a_wordpiece_vocabulary_trained_on_the_world_keeps_its_words_whole(tmp_path):
+    from vlbert.modeling.processing_vlbert import train_wordpiece
+    from vlbert.data.synthetic.world import COLOURS, SHAPES, SIZES
+    texts = [f"a {size} {colour} {shape} next to the {shape}s ." for size in SIZES for colour in COLOURS
+             for shape in SHAPES] * 3
+    processor = VLBertProcessor(train_wordpiece(texts, 120))
+    assert len(processor.tokenizer) <= 120
+    for word in (*COLOURS, *SHAPES, *SIZES):
+        assert len(processor.tokenizer(word, add_special_tokens=False)["input_ids"]) == 1, word
+    specials = {processor.cls_id, processor.sep_id, processor.mask_id, processor.pad_id, processor.img_token_id,
+                processor.end_token_id, processor.tokenizer.unk_token_id}
+    assert processor.first_word_id == max(specials) + 1                  # random words are never special
+    assert VLBertProcessor.from_pretrained().first_word_id == 999        # bert-base-uncased's first word
+    processor.save_pretrained(tmp_path)
+    again = VLBertProcessor.from_pretrained(tmp_path)
+    assert again.tokenizer.get_vocab() == processor.tokenizer.get_vocab()
+    assert again.encode("a small red star", num_rois=2) == processor.encode("a small red star", num_rois=2)

@@ -57,14 +57,23 @@ def test_smoke_study_writes_the_report(smoke_run):
     findings = json.loads((report / "findings.json").read_text())
     assert [f["id"] for f in findings] == ["pretrain_helps", "mlm_helps", "mrc_helps_ref", "sirp_hurts",
                                            "text_helps", "tune_frcnn_helps"]
-    for name in ("table4_bars", "delta_heatmap", "lr_sweeps", "pretraining_loss"):
+    for name in ("table4_bars", "delta_heatmap", "lr_sweeps", "pretraining_loss", "pretraining_grounding"):
         assert (report / "figures" / f"{name}.png").stat().st_size > 10_000
     # Each pre-trained setting's masked words, with its own images and another's, read from MLflow.
-    rows = {line.split("|")[1].strip(): line.split("|")[2:5]
-            for line in (report / "pretraining.md").read_text().splitlines() if line.startswith("| ")}
+    pretraining = (report / "pretraining.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[2:5] for line in pretraining.splitlines() if line.startswith("| ")}
     for setting in ("a", "b", "c", "d", "full"):
         own, other, gain = (float(cell) for cell in rows[setting])
         assert gain == pytest.approx(own - other, abs=0.11)
+        # and per word kind, from the grounding probe's last epoch, with the attention share on [IMG]
+        section = pretraining.split(f"### {setting}\n")[1].split("###")[0]
+        kinds = {line.split("|")[1].strip(): line.split("|")[2:7] for line in section.splitlines()
+                 if line.startswith("| ") and not line.startswith("| kind")}
+        assert set(kinds) == {"colour", "shape", "size"}
+        for own, other, gain, chance, n in ((float(c) for c in cells) for cells in kinds.values()):
+            assert 0 <= own <= 100 and 0 <= other <= 100 and 0 < chance < 100 and n > 0
+            assert gain == pytest.approx(own - other, abs=0.11)
+        assert "Attention on [IMG]" in section
     import pandas as pd
     runs = pd.read_csv(report / "runs.csv")
     finetunes = runs[(runs["stage"] == "finetune") & (runs["status"] == "FINISHED")]

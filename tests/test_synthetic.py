@@ -141,3 +141,21 @@ def test_mini_pretraining_data_outnumbers_each_finetuning_set():
                         * 6 * synthetic["refcoco+"]["expressions_per_ref"]),
     }
     assert all(pretraining >= 2 * n for n in finetuning.values()), finetuning
+
+
+def test_captions_name_one_to_three_salient_objects_of_mostly_simple_scenes():
+    from vlbert.data.synthetic import captions
+    from vlbert.data.synthetic.world import COLOURS, sample_scene
+    rng = np.random.default_rng(0)
+    sizes, named_counts = Counter(), Counter()
+    for _ in range(2000):
+        scene = sample_scene(rng, 96, captions.scene_size(rng))
+        text = captions.make_caption(scene, rng)
+        named = [w for w in text.split() if w in COLOURS]
+        sizes[len(scene.objects)] += 1
+        named_counts[len(named)] += 1
+        # what a caption says is true of the image: every colour it names is there
+        assert set(named) <= {o.colour for o in scene.objects}, text
+    assert set(named_counts) <= {1, 2, 3}
+    assert (sizes[1] + sizes[2]) / 2000 > 0.6                           # a one-step read often pays
+    assert sum(n for k, n in sizes.items() if k >= 3) / 2000 > 0.25       # distractors keep binding needed

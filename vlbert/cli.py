@@ -151,8 +151,7 @@ def _bert_init(args) -> int:
     out = Path(args.out)
 
     def work():
-        summary = bert_init(config, Path(config["data"]["root"]) / "text_corpus" / "corpus.txt", out, tracker,
-                            processor, progress=not args.quiet)
+        summary = bert_init(config, config["data"]["root"], out, tracker, processor, progress=not args.quiet)
         write_json(out / "metrics.json", summary, indent=2)
         return summary
     _run_tracked(tracker, out, work)
@@ -259,7 +258,8 @@ def _report(args) -> int:
     experiment = (config.get("tracking") or {}).get("experiment") or f"vlbert-ablation-{config['name']}"
     sweeps = sorted(Path(args.sweeps or Path("results") / config["name"] / "sweep").glob("*/*/best.json"))
     vcr_val = dataset_root(config, "vcr") / "val.jsonl"
-    summary = write_report(uri, experiment, args.out, sweeps, vcr_val if vcr_val.is_file() else None)
+    summary = write_report(uri, experiment, args.out, sweeps, vcr_val if vcr_val.is_file() else None,
+                           detector_metrics=Path("results") / config["name"] / "detector" / "metrics.json")
     print(f"report: {args.out} ({summary['finetune_runs']} fine-tuning runs; "
           f"{summary['findings_agreeing']} of 6 findings agree with the paper)")
     return 0

@@ -36,6 +36,7 @@ class DetectorConfig:
     image_size: int = 96                         # images are resized to this (shorter side)
     widths: tuple[int, ...] = (16, 32, 64, 128)  # stem/C2, C3, C4, C5 channels
     blocks: tuple[int, ...] = (1, 1, 2, 1)       # residual blocks per stage
+    c4_stride: int = 16                          # 16: ResNet's stem max-pool; 8: without it
     anchor_sizes: tuple[int, ...] = (8, 16, 32, 64)
     aspect_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
     roi_size: int = 8                            # RoIAlign output; C5 halves it
@@ -76,14 +77,18 @@ def _stage(in_channels: int, channels: int, blocks: int, stride: int) -> nn.Sequ
 
 
 class C4Backbone(nn.Module):
-    """ResNet stem and stages C2-C4: stride 16. Returns {"0": C4} as torchvision expects."""
+    """ResNet stem and stages C2-C4: stride 16, or 8 without the stem's max-pool (small images:
+    at stride 16 a 96-px image is a 6 x 6 map and a small shape falls in one cell).
+    Returns {"0": C4} as torchvision expects."""
 
     def __init__(self, config: DetectorConfig):
         super().__init__()
         w, b = config.widths, config.blocks
+        if config.c4_stride not in (8, 16):
+            raise ValueError(f"detector c4_stride must be 8 or 16, got {config.c4_stride}")
+        pool = [nn.MaxPool2d(3, 2, 1)] if config.c4_stride == 16 else []
         self.stem = nn.Sequential(
-            nn.Conv2d(3, w[0], 7, 2, 3, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU(inplace=True),
-            nn.MaxPool2d(3, 2, 1))
+            nn.Conv2d(3, w[0], 7, 2, 3, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU(inplace=True), *pool)
         self.layer1 = _stage(w[0], w[0], b[0], 1)
         self.layer2 = _stage(w[0], w[1], b[1], 2)
         self.layer3 = _stage(w[1], w[2], b[2], 2)

@@ -82,6 +82,109 @@ def evaluate_coco(model, coco, batch_size: int = 16, device: str = "cpu") -> dic
     return {"mAP": float(evaluator.stats[0]), "mAP50": float(evaluator.stats[1])}
 
 
+# COCO's area ranges (pixels squared), the size groups when annotations carry no `size` of their own.
+COCO_AREA_RANGES = (("small", 32 ** 2), ("medium", 96 ** 2), ("large", math.inf))
+SIZE_ORDER = ("small", "medium", "large")
+
+
+def size_group(ann: dict) -> str:
+    """The annotation's own size (the synthetic world records it), else its COCO area range."""
+    if "size" in ann:
+        return str(ann["size"])
+    area = ann.get("area", ann["bbox"][2] * ann["bbox"][3])
+    return next(name for name, upper in COCO_AREA_RANGES if area < upper)
+
+
+@torch.no_grad()
+def classify_given_boxes(model, images: list[torch.Tensor], boxes: list[torch.Tensor], device: str = "cpu"):
+    """Per image, the box head's best foreground class for each given x1y1x2y2 box (original
+    pixels), as TorchvisionBackend.forward_regions scores ground-truth boxes."""
+    image_list, _ = model.transform([i.to(device) for i in images])
+    features = model.backbone(image_list.tensors)
+    # The transform resized the images: the boxes are scaled as the images were.
+    regions = [b.to(device).reshape(-1, 4) * torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=device)
+               for b, r, i in zip(boxes, image_list.image_sizes, images)]
+    pooled = model.roi_heads.box_roi_pool(features, regions, image_list.image_sizes)
+    logits, _ = model.roi_heads.box_predictor(model.roi_heads.box_head(pooled))
+    # Background excluded, as the feature stores label a region.
+    labels = (logits.softmax(-1)[:, 1:].argmax(1) + 1).cpu()
+    return list(labels.split([len(r) for r in regions]))
+
+
+def predict_ground_truth_labels(model, coco, device: str = "cpu", batch_size: int = 16) -> dict[int, int]:
+    """{annotation id: the category the model gives that ground-truth box}."""
+    model.eval()
+    ids = sorted(coco.imgs)
+    predicted = {}
+    for start in range(0, len(ids), batch_size):
+        batch = [i for i in ids[start:start + batch_size] if coco.imgToAnns[i]]
+        if not batch:
+            continue
+        images = [load_image(coco.image_root / coco.imgs[i]["file_name"]) for i in batch]
+        anns = [coco.imgToAnns[i] for i in batch]
+        boxes = [torch.tensor([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in image_anns)],
+                              dtype=torch.float32) for image_anns in anns]
+        for image_anns, labels in zip(anns, classify_given_boxes(model, images, boxes, device)):
+            predicted.update({a["id"]: int(k) for a, k in zip(image_anns, labels)})
+    return predicted
+
+
+def _colour_shape_names(coco) -> dict[int, tuple[str, str]] | None:
+    """{category id: (colour, shape)} when the names are every "colour shape" pair of a set of
+    colours and shapes (the synthetic detector's), else None (e.g. Visual Genome's "tennis racket")."""
+    parts = {c: tuple(coco.cats[c]["name"].rsplit(" ", 1)) for c in coco.cats}
+    if not all(len(p) == 2 for p in parts.values()):
+        return None
+    colours, shapes = {p[0] for p in parts.values()}, {p[1] for p in parts.values()}
+    return parts if len(set(parts.values())) == len(colours) * len(shapes) > 1 else None
+
+
+def score_ground_truth_labels(coco, predicted: dict[int, int]) -> dict:
+    """Shares of ground-truth boxes given the right class (and, for "colour shape" classes, the
+    right shape and the right colour), per size group and over all boxes."""
+    names = _colour_shape_names(coco)
+    checks = {"class": lambda truth, guess: truth == guess}
+    if names:
+        checks["shape"] = lambda truth, guess: names[truth][1] == names[guess][1]
+        checks["colour"] = lambda truth, guess: names[truth][0] == names[guess][0]
+    hits: dict[str, dict[str, int]] = {}
+    for ann_id, guess in predicted.items():
+        ann = coco.anns[ann_id]
+        for group in (size_group(ann), "all"):
+            counts = hits.setdefault(group, dict.fromkeys(["boxes", *checks], 0))
+            counts["boxes"] += 1
+            for check, right in checks.items():
+                counts[check] += right(ann["category_id"], guess)
+
+    def shares(counts):
+        return {"boxes": counts["boxes"], **{k: counts[k] / counts["boxes"] for k in checks}}
+    groups = sorted(set(hits) - {"all"}, key=lambda g: (SIZE_ORDER.index(g) if g in SIZE_ORDER else len(SIZE_ORDER), g))
+    return {"by_size": {g: shares(hits[g]) for g in groups},
+            "all": shares(hits["all"]) if "all" in hits else {"boxes": 0}}
+
+
+def ground_truth_accuracy(model, coco, device: str = "cpu", batch_size: int = 16) -> dict:
+    """How well the box head names the split's ground-truth boxes, per size: what the RoI
+    features of a given box can tell (the study's ground-truth mode reads exactly these).
+    {"by_size": {"small": {"boxes": n, "class": share, "shape": .., "colour": ..}, ...}, "all": {...}}"""
+    return score_ground_truth_labels(coco, predict_ground_truth_labels(model, coco, device, batch_size))
+
+
+def format_ground_truth_accuracy(accuracy: dict) -> str:
+    """One line: each size group's box count and shares in percent."""
+    rows = [*accuracy["by_size"].items(), ("all", accuracy["all"])]
+    return "  ".join(f"{group} ({counts['boxes']}): " + " ".join(f"{k} {100 * v:.1f}%" for k, v in counts.items()
+                                                                if k != "boxes") for group, counts in rows)
+
+
+def ground_truth_accuracy_metrics(accuracy: dict) -> dict:
+    """Flat figures for the tracker: val_gt_<check>_accuracy[_<size>]."""
+    flat = {}
+    for group, counts in [("", accuracy["all"]), *((f"_{g}", c) for g, c in accuracy["by_size"].items())]:
+        flat.update({f"val_gt_{k}_accuracy{group}": v for k, v in counts.items() if k != "boxes"})
+    return flat
+
+
 def train_detector(data_root, out, options: dict, tracker, seed: int = 0, device: str = "cpu") -> dict:
     """Train on `<data_root>/annotations/instances_train2017.json`, score on val, save to `out`.
 
@@ -93,7 +196,7 @@ def train_detector(data_root, out, options: dict, tracker, seed: int = 0, device
     names = [train.cats[c]["name"] for c in sorted(train.cats)]
     if sorted(train.cats) != list(range(1, len(names) + 1)):
         raise ValueError(f"{data_root}: category ids must be 1..{len(names)} (0 is the background)")
-    architecture = {k: options[k] for k in ("image_size", "widths", "blocks") if k in options}
+    architecture = {k: options[k] for k in ("image_size", "widths", "blocks", "c4_stride") if k in options}
     config = DetectorConfig(class_names=names, **{k: tuple(v) if isinstance(v, list) else v
                                                   for k, v in architecture.items()})
     torch.manual_seed(seed)
@@ -141,4 +244,8 @@ def train_detector(data_root, out, options: dict, tracker, seed: int = 0, device
     save_detector(model, config, out)
     metrics = {"val_mAP": scores["mAP"], "val_mAP50": scores["mAP50"], "epochs": epochs,
                "train_seconds": round(time.perf_counter() - start, 1)}
+    # mAP alone can hide a detector whose features no longer tell small shapes or colours apart.
+    metrics["val_gt_accuracy"] = ground_truth_accuracy(model, val, device=device)
+    tracker.log_metrics(ground_truth_accuracy_metrics(metrics["val_gt_accuracy"]), step=step)
+    print("detector val ground-truth boxes: " + format_ground_truth_accuracy(metrics["val_gt_accuracy"]))
     return metrics

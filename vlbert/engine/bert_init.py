@@ -1,26 +1,62 @@
 """The embedded default's stand-in for BERT's own pre-training: text-only masked language
-modelling of a small BERT (transformers' BertForMaskedLM) on the synthetic text corpus, with
-BERT's uncased WordPiece tokenizer. The paper preset names a real BERT checkpoint instead."""
+modelling of a small BERT (transformers' BertForMaskedLM) on the synthetic text corpus. Its
+vocabulary is BERT's uncased WordPiece, or, with `model.wordpiece_vocab_size`, a WordPiece
+vocabulary trained on the corpus and the captions, as BERT's was on its own pre-training text.
+The paper preset names a real BERT checkpoint instead."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForMaskedLM
 
+from ..data.conceptual_captions import read_captions
+from ..data.text_corpus import read_corpus
+from ..modeling.processing_vlbert import VLBertProcessor, train_wordpiece
 from .data import CorpusDataset, TextOnlyCollator
 from .loop import LoopConfig, TrainingLoop
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
 
 
-def bert_init(preset: dict, corpus_path, out, tracker, processor, progress: bool = True) -> dict:
+def world_texts(data_root) -> list[str]:
+    """The world's language: the text corpus, and the training splits' captions, questions,
+    answers, rationales and referring expressions (no val or test text, no labels)."""
+    from ..data.refcoco import RefCOCO
+    from ..data.vcr import read_vcr
+    from ..data.vqa import read_vqa
+
+    root = Path(data_root)
+    texts = read_corpus(root / "text_corpus" / "corpus.txt")
+    texts += [c.caption for c in read_captions(root / "conceptual_captions" / "train.tsv")]
+    texts += [q.question for q in read_vqa(root / "vqa" / "v2_OpenEnded_mscoco_train2014_questions.json")]
+    for item in read_vcr(root / "vcr" / "train.jsonl"):
+        for tokens in (item.question, *item.answer_choices, *item.rationale_choices):
+            texts.append(" ".join(w if isinstance(w, str) else " and ".join(item.objects[i] for i in w)
+                                  for w in tokens))
+    texts += [e.sentence for e in RefCOCO(root / "refcoco+").expressions("train")]
+    return texts
+
+
+def world_processor(preset: dict, data_root, processor: VLBertProcessor) -> VLBertProcessor:
+    """`processor`, or one with a WordPiece vocabulary trained on the world's language
+    (`world_texts`) when the preset sets `model.wordpiece_vocab_size`."""
+    size = preset["model"].get("wordpiece_vocab_size")
+    if not size:
+        return processor
+    return VLBertProcessor(train_wordpiece(world_texts(data_root), size), processor.max_text_length)
+
+
+def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool = True) -> dict:
     model_options, options = preset["model"], preset["bert_init"]
     seed = preset["seed"]
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=processor.tokenizer.vocab_size, hidden_size=model_options["hidden_size"],
+    processor = world_processor(preset, data_root, processor)
+    corpus_path = Path(data_root) / "text_corpus" / "corpus.txt"
+    config = BertConfig(vocab_size=len(processor.tokenizer), hidden_size=model_options["hidden_size"],
                         num_hidden_layers=model_options["num_hidden_layers"],
                         num_attention_heads=model_options["num_attention_heads"],
                         intermediate_size=model_options["intermediate_size"],
@@ -33,7 +69,8 @@ def bert_init(preset: dict, corpus_path, out, tracker, processor, progress: bool
     epochs = int(options["epochs"])
     optimizer = build_optimizer(model, options)
     scheduler = build_scheduler(optimizer, options, epochs * batches, batches)
-    tracker.log_params({"bert_init": options, "model": model_options, "passages": len(corpus)})
+    tracker.log_params({"bert_init": options, "model": model_options, "passages": len(corpus),
+                        "vocab_size": len(processor.tokenizer)})
 
     def make_batch(epoch, b):
         order = epoch_order(len(corpus), seed, epoch)

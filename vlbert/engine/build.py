@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..detection.model import CONFIG_FILE as DETECTOR_CONFIG
 from ..modeling import VLBertConfig, VLBertProcessor
+from ..modeling.configuration_vlbert import END_TOKEN, IMG_TOKEN
 from ..modeling.processing_vlbert import default_tokenizer_path
 
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -26,7 +27,10 @@ def vlbert_config(preset: dict, bert: str | Path, detector_dir, **overrides) -> 
     from transformers import BertConfig
     bert_config = BertConfig.from_pretrained(str(bert))
     detector = json.loads((Path(detector_dir) / DETECTOR_CONFIG).read_text())
+    # The [IMG] and [END] ids are the checkpoint's tokenizer's (a trained vocabulary puts them elsewhere).
+    vocab = load_processor(bert, 8).tokenizer.get_vocab()
     return VLBertConfig(
+        img_token_id=vocab[IMG_TOKEN], end_token_id=vocab[END_TOKEN],
         **{k: getattr(bert_config, k) for k in SIZE_KEYS + ("vocab_size", "max_position_embeddings",
                                                           "hidden_dropout_prob", "attention_probs_dropout_prob")},
         visual_feature_dim=detector["widths"][3], num_visual_classes=len(detector["class_names"]) + 1,

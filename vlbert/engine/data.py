@@ -34,6 +34,7 @@ class Regions:
     width: int
     height: int
     image_path: Path | None = None
+    probs: np.ndarray | None = None   # [R+1, C+1] the detector's class distribution (column 0: background)
 
     @property
     def num_rois(self) -> int:
@@ -44,7 +45,7 @@ def regions_of(store: FeatureStore, key: str, image_path: Path | None = None, ma
     item = store[key]
     rows = slice(None) if max_rois is None else slice(0, max_rois + 1)
     return Regions(item["boxes"][rows], item["labels"][rows], item["features"][rows], item["box_ids"][rows],
-                   item["width"], item["height"], image_path)
+                   item["width"], item["height"], image_path, item["probs"][rows])
 
 
 def feature_mean(regions: Iterable[Regions], limit: int = 20_000) -> torch.Tensor:
@@ -57,7 +58,11 @@ def feature_mean(regions: Iterable[Regions], limit: int = 20_000) -> torch.Tenso
     return torch.from_numpy(np.concatenate(rows).astype(np.float64).mean(0)).float()
 
 
-def visual_batch(regions: list[Regions], with_images: bool = False, masked: torch.Tensor | None = None) -> VisualInputs:
+def visual_batch(regions: list[Regions], with_images: bool = False, masked: torch.Tensor | None = None,
+                 cached: bool = True) -> VisualInputs:
+    """The regions as model inputs. `with_images`: the images too, for the Fast R-CNN module;
+    `cached`: the stores' features hold for this model (not for a Fast R-CNN tuned since), so that
+    only the images with a masked RoI need the module."""
     rois = max(len(r.boxes) for r in regions)
     n = len(regions)
     boxes = torch.zeros(n, rois, 4)
@@ -68,9 +73,8 @@ def visual_batch(regions: list[Regions], with_images: bool = False, masked: torc
         features[k, :len(r.boxes)] = torch.from_numpy(r.features)
         valid[k, :len(r.boxes)] = True
     sizes = torch.tensor([[r.width, r.height] for r in regions])
-    if with_images:
-        return VisualInputs(boxes, sizes, valid, None, [load_image(r.image_path) for r in regions], masked)
-    return VisualInputs(boxes, sizes, valid, features, None, masked)
+    images = [load_image(r.image_path) for r in regions] if with_images else None
+    return VisualInputs(boxes, sizes, valid, features if cached else None, images, masked)
 
 
 # ---- pre-training ----------------------------------------------------------------------------
@@ -81,7 +85,8 @@ def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, processor: VLBe
     chosen = (torch.rand(input_ids.shape, generator=generator) < MASK_PROBABILITY) & maskable
     labels = torch.where(chosen, input_ids, IGNORE_INDEX)
     action = torch.rand(input_ids.shape, generator=generator)
-    random_words = torch.randint(999, processor.tokenizer.vocab_size, input_ids.shape, generator=generator)
+    random_words = torch.randint(processor.first_word_id, len(processor.tokenizer), input_ids.shape,
+                                 generator=generator)
     masked_ids = torch.where(chosen & (action < 0.8), processor.mask_id, input_ids)
     masked_ids = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_words, masked_ids)
     return masked_ids, labels
@@ -156,13 +161,15 @@ class PretrainCollator:
             masked_rois = (torch.rand(len(examples), rows, generator=generator) < MASK_PROBABILITY) & valid
             if relation is not None:
                 masked_rois &= relation.bool().unsqueeze(1)
-            labels = torch.full((len(examples), rows), IGNORE_INDEX)
+            # The target is the detector's class distribution for the RoI (soft cross-entropy), as
+            # in VL-BERT's released code; rows that are not masked get all zeros.
+            targets = torch.zeros(len(examples), rows, regions[0].probs.shape[1])
             for k, r in enumerate(regions):
-                labels[k, :len(r.labels)] = torch.from_numpy(r.labels)
-            batch["roi_labels"] = torch.where(masked_rois, labels, IGNORE_INDEX)
+                targets[k, :len(r.probs)] = torch.from_numpy(r.probs)
+            batch["roi_labels"] = targets * masked_rois.unsqueeze(-1)
         # Masked RoIs need their pixels zeroed, so features are recomputed from the images.
         batch["visual"] = visual_batch(regions, with_images=masked_rois is not None or self.setting.tune_frcnn,
-                                       masked=masked_rois)
+                                       masked=masked_rois, cached=not self.setting.tune_frcnn)
         if relation is not None:
             batch["relation_labels"] = relation
         return batch

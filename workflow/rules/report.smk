@@ -4,6 +4,7 @@
 rule report:
     input:
         finetune_outputs(),
+        detector_metrics=f"{RESULTS}/detector/metrics.json",
     output:
         table=report(f"{REPORT}/table4.md", caption="../report/table4.rst", category="Table 4"),
         csv=f"{REPORT}/table4.csv",
@@ -11,11 +12,14 @@ rule report:
         findings=report(f"{REPORT}/findings.md", caption="../report/findings.rst", category="Findings"),
         runs=f"{REPORT}/runs.csv",
         pretraining_table=report(f"{REPORT}/pretraining.md", caption="../report/pretraining.rst", category="Pre-training"),
+        detector=report(f"{REPORT}/detector.md", caption="../report/detector.rst", category="Detector"),
         bars=report(f"{REPORT}/figures/table4_bars.png", caption="../report/table4_bars.rst", category="Figures"),
         heatmap=report(f"{REPORT}/figures/delta_heatmap.png", caption="../report/delta_heatmap.rst", category="Figures"),
         sweeps=report(f"{REPORT}/figures/lr_sweeps.png", caption="../report/lr_sweeps.rst", category="Figures"),
         pretraining=report(f"{REPORT}/figures/pretraining_loss.png", caption="../report/pretraining_loss.rst",
                            category="Figures"),
+        grounding=report(f"{REPORT}/figures/pretraining_grounding.png", caption="../report/pretraining_grounding.rst",
+                         category="Figures"),
     log:
         f"{RESULTS}/logs/report.log",
     benchmark:

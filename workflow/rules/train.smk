@@ -2,9 +2,14 @@
 # whose pre-training tuned Fast R-CNN.
 
 
+# With model.wordpiece_vocab_size, bert-init also trains the vocabulary on the world's language.
+BERT_INIT_TEXTS = (["text_corpus", "conceptual_captions", "vqa", "vcr", "refcoco+"]
+                   if config.get("model", {}).get("wordpiece_vocab_size") else ["text_corpus"])
+
+
 rule bert_init:
     input:
-        data_outputs(["text_corpus"]),
+        data_outputs(BERT_INIT_TEXTS),
     output:
         f"{RESULTS}/bert_init/bert/config.json",
     log:

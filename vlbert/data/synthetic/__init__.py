@@ -37,22 +37,24 @@ VQA_SPLITS = {"train": ("train2014", "train2014"), "val": ("val2014", "val2014")
               "test-dev": ("test-dev2015", "test2015")}
 
 
-def _scenes(spec: dict, name: str, split: str, count: int, objects: tuple[int, int],
-            desc: str, forced=None):
-    """Yield (index, scene, image) for one split, each split from its own random stream."""
+def _scenes(spec: dict, name: str, split: str, count: int, objects, desc: str, forced=None):
+    """Yield (index, scene, image) for one split, each split from its own random stream.
+    `objects`: (fewest, most) shapes a scene, uniformly, or a function of the generator."""
     rng = np.random.default_rng(stable_seed(spec["seed"], name, split))
     for index in tqdm(range(count), desc=f"{desc} {split}", unit="img", leave=False,
                       disable=not spec.get("progress", True)):
-        n = int(rng.integers(objects[0], objects[1] + 1))
+        n = objects(rng) if callable(objects) else int(rng.integers(objects[0], objects[1] + 1))
         scene = sample_scene(rng, spec["image_size"], n, forced=forced(rng, n) if forced else None)
         yield index, scene, render(scene, rng), rng
 
 
 def _coco_annotations(scene: Scene, image_id: int, first_ann_id: int, coloured: bool = False) -> list[dict]:
+    # The detector's set also keeps each object's size, an extra field as Visual Genome's attributes
+    # (pycocotools ignores it), so the detector's quality can be reported per size.
     return [{"id": first_ann_id + k, "image_id": image_id,
              "category_id": _DETECTOR_CATEGORY_ID[o.colour, o.shape] if coloured else _CATEGORY_ID[o.shape],
              "bbox": coco_bbox(o), "area": round(coco_bbox(o)[2] * coco_bbox(o)[3], 2),
-             "iscrowd": 0, "segmentation": coco_polygon(o)}
+             "iscrowd": 0, "segmentation": coco_polygon(o), **({"size": o.size} if coloured else {})}
             for k, o in enumerate(scene.objects)]
 
 
@@ -80,7 +82,8 @@ def write_conceptual_captions(spec: dict, root: Path) -> None:
     for split, count in spec["conceptual_captions"].items():
         (root / "images" / split).mkdir(parents=True)
         lines = []
-        for index, scene, image, rng in _scenes(spec, "conceptual_captions", split, count, (1, 5), "captions"):
+        for index, scene, image, rng in _scenes(spec, "conceptual_captions", split, count, captions.scene_size,
+                                                   "captions"):
             relative = f"images/{split}/{index:08d}.jpg"
             save_image(image, root / relative)
             lines.append(f"{captions.make_caption(scene, rng)}\t{relative}\n")
