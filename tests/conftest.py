@@ -74,6 +74,24 @@ def smoke_study(smoke_config, smoke_world, smoke_detector, tmp_path_factory):
     return paths
 
 
+@pytest.fixture(scope="session")
+def smoke_validation(smoke_study, smoke_config):
+    """Pre-training's validation on the smoke study: the val captions, the processor and the
+    collator (setting `a`'s, as validation masks no RoI and mismatches no caption)."""
+    import dataclasses
+
+    from vlbert.data.feature_store import FeatureStore
+    from vlbert.engine.build import load_processor
+    from vlbert.engine.data import CaptionDataset, PretrainCollator
+    from vlbert.study.registry import SETTINGS
+    val = CaptionDataset(smoke_study["data"] / "conceptual_captions", "val",
+                         FeatureStore(smoke_study["features"] / "conceptual_captions.val.det.h5"),
+                         smoke_config.get("model", {}).get("max_rois"))
+    processor = load_processor(smoke_study["bert"], 40)
+    setting = dataclasses.replace(SETTINGS["a"], masked_roi=False, sentence_image=False)
+    return val, processor, PretrainCollator(processor, setting, val)
+
+
 def study_args(study, *extra):
     """CLI arguments that point a training verb at the smoke study's files."""
     return ["--config", str(study["preset"]), "--data", str(study["data"]), "--features", str(study["features"]),

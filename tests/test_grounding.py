@@ -1,7 +1,6 @@
 """The grounding probe: masked colour, shape and size words with the own image and another's, the
 masked words' attention on [IMG], and how the pre-training report shows them."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -9,21 +8,13 @@ import torch
 from vlbert.engine.grounding import (WORD_KINDS, grounding_probe, img_attention_share, kind_vocabulary, mask_kind,
                                      probe_batches)
 from vlbert.modeling.modeling_vlbert import IGNORE_INDEX
-from vlbert.study.registry import SETTINGS
 
 
 @pytest.fixture(scope="module")
-def probe_inputs(smoke_study, smoke_config):
+def probe_inputs(smoke_validation):
     """The processor, validation's collator and the val captions, as pre-training's validation has them."""
-    from vlbert.data.feature_store import FeatureStore
-    from vlbert.engine.build import load_processor
-    from vlbert.engine.data import CaptionDataset, PretrainCollator
-    val = CaptionDataset(smoke_study["data"] / "conceptual_captions", "val",
-                         FeatureStore(smoke_study["features"] / "conceptual_captions.val.det.h5"),
-                         smoke_config.get("model", {}).get("max_rois"))
-    processor = load_processor(smoke_study["bert"], 40)
-    setting = dataclasses.replace(SETTINGS["a"], masked_roi=False, sentence_image=False)
-    return processor, PretrainCollator(processor, setting, val), [val[i] for i in range(len(val))]
+    val, processor, collate = smoke_validation
+    return processor, collate, [val[i] for i in range(len(val))]
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,17 @@ def test_bert_init_checkpoint_loads_into_vlbert(smoke_study):
                                  for n in report["new"] if "segment C" not in n)
 
 
+def test_a_trained_vocabulary_puts_img_and_end_where_the_model_looks_for_them(smoke_study):
+    # The smoke preset trains its own WordPiece vocabulary: [IMG] is not BERT's id 1 there, and a
+    # model that took id 1 for [IMG] would give the regions a word's tiny share of the image.
+    from vlbert.engine.build import build_model, load_processor
+    from vlbert.modeling import VLBertForPreTraining
+    processor = load_processor(smoke_study["bert"], 40)
+    assert len(processor.tokenizer) < 1000 and processor.img_token_id != 1
+    model, _ = build_model(VLBertForPreTraining, {}, smoke_study["bert"], smoke_study["detector"])
+    assert (model.config.img_token_id, model.config.end_token_id) == (processor.img_token_id, processor.end_token_id)
+
+
 EXPECTED_LOSSES = {
     "a": {"mlm"},
     "b": {"mlm", "masked_roi"},
@@ -143,19 +154,11 @@ def test_other_image_order_pairs_each_image_with_one_of_as_many_regions():
     assert [i for i, j in enumerate(order) if i == j] == [3]          # only the lone 5-region image keeps its own
 
 
-def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_config):
-    import dataclasses
-    from vlbert.data.feature_store import FeatureStore
-    from vlbert.engine.build import load_processor
-    from vlbert.engine.data import CaptionDataset, PretrainCollator
+def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_config, smoke_validation):
     from vlbert.engine.pretrain import validation_batches, visual_clue_accuracy
     from vlbert.modeling import VLBertForPreTraining
-    val = CaptionDataset(smoke_study["data"] / "conceptual_captions", "val",
-                         FeatureStore(smoke_study["features"] / "conceptual_captions.val.det.h5"),
-                         smoke_config.get("model", {}).get("max_rois"))
-    processor = load_processor(smoke_study["bert"], 40)
-    setting = dataclasses.replace(SETTINGS["a"], masked_roi=False, sentence_image=False)
-    own, other = validation_batches(val, PretrainCollator(processor, setting, val), 0, 4)
+    val, _, collate = smoke_validation
+    own, other = validation_batches(val, collate, 0, 4)
     for mine, theirs in zip(own, other):
         for key in ("input_ids", "mlm_labels", "visual_index"):
             assert torch.equal(mine[key], theirs[key]), key
