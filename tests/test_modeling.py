@@ -326,13 +326,15 @@ def test_masked_roi_loss_is_soft_cross_entropy_on_the_detector_distribution():
     assert masked_roi_loss(logits, torch.zeros(2, 3, 5)) is None        # nothing masked
 
 
-def test_a_wordpiece_vocabulary_trained_on_the_world_keeps_its_words_whole(tmp_path):
-    from vlbert.modeling.processing_vlbert import train_wordpiece
+def test_a_wordpiece_vocabulary_of_the_world_keeps_its_words_whole_and_repeats(tmp_path):
+    from vlbert.modeling.processing_vlbert import wordpiece_from_texts
     from vlbert.data.synthetic.world import COLOURS, SHAPES, SIZES
     texts = [f"a {size} {colour} {shape} next to the {shape}s ." for size in SIZES for colour in COLOURS
              for shape in SHAPES] * 3
-    processor = VLBertProcessor(train_wordpiece(texts, 120))
+    processor = VLBertProcessor(wordpiece_from_texts(texts, 120))
     assert len(processor.tokenizer) <= 120
+    assert wordpiece_from_texts(texts, 120).get_vocab() == processor.tokenizer.get_vocab()   # the same texts, the same ids
+    assert processor.tokenizer.tokenize("a purple hexagon") == ["a", "purple", "h", "##e", "##x", "##a", "##g", "##o", "##n"]
     for word in (*COLOURS, *SHAPES, *SIZES):
         assert len(processor.tokenizer(word, add_special_tokens=False)["input_ids"]) == 1, word
     specials = {processor.cls_id, processor.sep_id, processor.mask_id, processor.pad_id, processor.img_token_id,

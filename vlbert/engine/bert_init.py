@@ -1,7 +1,8 @@
 """The embedded default's stand-in for BERT's own pre-training: text-only masked language
 modelling of a small BERT (transformers' BertForMaskedLM) on the synthetic text corpus. Its
 vocabulary is BERT's uncased WordPiece, or, with `model.wordpiece_vocab_size`, a WordPiece
-vocabulary trained on the corpus and the captions, as BERT's was on its own pre-training text.
+vocabulary of the world's language (corpus, captions, the tasks' training text), as BERT's was
+made from the text it covers.
 The paper preset names a real BERT checkpoint instead."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 from ..data.conceptual_captions import read_captions
 from ..data.text_corpus import read_corpus
-from ..modeling.processing_vlbert import VLBertProcessor, train_wordpiece
+from ..modeling.processing_vlbert import VLBertProcessor, wordpiece_from_texts
 from .data import CorpusDataset, TextOnlyCollator
 from .loop import LoopConfig, TrainingLoop
 from .optim import build_optimizer, build_scheduler
@@ -42,12 +43,12 @@ def world_texts(data_root) -> list[str]:
 
 
 def world_processor(preset: dict, data_root, processor: VLBertProcessor) -> VLBertProcessor:
-    """`processor`, or one with a WordPiece vocabulary trained on the world's language
-    (`world_texts`) when the preset sets `model.wordpiece_vocab_size`."""
+    """`processor`, or one with a WordPiece vocabulary of the world's language (`world_texts`)
+    when the preset sets `model.wordpiece_vocab_size`."""
     size = preset["model"].get("wordpiece_vocab_size")
     if not size:
         return processor
-    return VLBertProcessor(train_wordpiece(world_texts(data_root), size), processor.max_text_length)
+    return VLBertProcessor(wordpiece_from_texts(world_texts(data_root), size), processor.max_text_length)
 
 
 def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool = True) -> dict:

