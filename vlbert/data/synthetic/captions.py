@@ -5,7 +5,7 @@ three objects (the large ones first); the other shapes of the scene are distract
 name. Scenes are mostly simple (`SCENE_SIZES`): a masked colour, size or shape word must often be
 resolvable by one look at the image, which is what lets masked language modelling with visual
 clues learn to read the regions at all. Captions that named every object of a crowded scene
-taught the text to stop looking (reports/mini/README.md); the distractors keep binding (which
+taught the text to stop looking (reports/reference/mini/README.md); the distractors keep binding (which
 region is the named one?) part of the task.
 """
 
