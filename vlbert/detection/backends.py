@@ -70,39 +70,42 @@ class _RegionBackend:
         return results
 
 
+@torch.no_grad()
+def score_regions(model, images: list[torch.Tensor], boxes: list[np.ndarray | None], device: str = "cpu"):
+    """Per image: (region boxes in original pixels [R, 4], probs [R, C+1], features [R, D]),
+    where the regions are the whole image, then the given boxes or all RPN proposals."""
+    image_list, _ = model.transform([i.to(device) for i in images])
+    features = model.backbone(image_list.tensors)
+    scales = [torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=device)
+              for r, i in zip(image_list.image_sizes, images)]
+    if any(b is None for b in boxes):
+        proposals, _ = model.rpn(image_list, features)
+    regions = []
+    for k, (given, scale, (h, w)) in enumerate(zip(boxes, scales, image_list.image_sizes)):
+        whole = torch.tensor([[0.0, 0.0, float(w), float(h)]], device=device)
+        rest = proposals[k] if given is None else torch.as_tensor(given, dtype=torch.float32,
+                                                                  device=device).reshape(-1, 4) * scale
+        regions.append(torch.cat([whole, rest]))
+    pooled = model.roi_heads.box_roi_pool(features, regions, image_list.image_sizes)
+    region_features = model.roi_heads.box_head(pooled)
+    logits, _ = model.roi_heads.box_predictor(region_features)
+    probs = logits.softmax(-1)
+    out, start = [], 0
+    for region, scale in zip(regions, scales):
+        end = start + len(region)
+        out.append(((region / scale).cpu(), probs[start:end].cpu(), region_features[start:end].cpu()))
+        start = end
+    return out
+
+
 class TorchvisionBackend(_RegionBackend):
     def __init__(self, model, config, rule: BoxRule, device: str = "cpu"):
         self.model, self.config, self.rule, self.device = model.eval(), config, rule, device
         self.class_names = config.class_names
         self.feature_dim = config.feature_dim
 
-    @torch.no_grad()
     def forward_regions(self, images: list[torch.Tensor], boxes: list[np.ndarray | None]):
-        """Per image: (region boxes in original pixels [R, 4], probs [R, C+1], features [R, D]),
-        where the regions are the whole image, then the given boxes or all RPN proposals."""
-        model = self.model
-        image_list, _ = model.transform([i.to(self.device) for i in images])
-        features = model.backbone(image_list.tensors)
-        scales = [torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=self.device)
-                  for r, i in zip(image_list.image_sizes, images)]
-        if any(b is None for b in boxes):
-            proposals, _ = model.rpn(image_list, features)
-        regions = []
-        for k, (given, scale, (h, w)) in enumerate(zip(boxes, scales, image_list.image_sizes)):
-            whole = torch.tensor([[0.0, 0.0, float(w), float(h)]], device=self.device)
-            rest = proposals[k] if given is None else torch.as_tensor(given, dtype=torch.float32,
-                                                                      device=self.device).reshape(-1, 4) * scale
-            regions.append(torch.cat([whole, rest]))
-        pooled = model.roi_heads.box_roi_pool(features, regions, image_list.image_sizes)
-        region_features = model.roi_heads.box_head(pooled)
-        logits, _ = model.roi_heads.box_predictor(region_features)
-        probs = logits.softmax(-1)
-        out, start = [], 0
-        for region, scale in zip(regions, scales):
-            end = start + len(region)
-            out.append(((region / scale).cpu(), probs[start:end].cpu(), region_features[start:end].cpu()))
-            start = end
-        return out
+        return score_regions(self.model, images, boxes, self.device)
 
 
 DETECTRON2_MISSING = (

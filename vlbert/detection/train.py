@@ -21,6 +21,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from tqdm import tqdm
 
 from ..data.coco import read_coco
+from .backends import score_regions
 from .model import DetectorConfig, build_faster_rcnn, save_detector
 
 
@@ -95,22 +96,6 @@ def size_group(ann: dict) -> str:
     return next(name for name, upper in COCO_AREA_RANGES if area < upper)
 
 
-@torch.no_grad()
-def classify_given_boxes(model, images: list[torch.Tensor], boxes: list[torch.Tensor], device: str = "cpu"):
-    """Per image, the box head's best foreground class for each given x1y1x2y2 box (original
-    pixels), as TorchvisionBackend.forward_regions scores ground-truth boxes."""
-    image_list, _ = model.transform([i.to(device) for i in images])
-    features = model.backbone(image_list.tensors)
-    # The transform resized the images: the boxes are scaled as the images were.
-    regions = [b.to(device).reshape(-1, 4) * torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=device)
-               for b, r, i in zip(boxes, image_list.image_sizes, images)]
-    pooled = model.roi_heads.box_roi_pool(features, regions, image_list.image_sizes)
-    logits, _ = model.roi_heads.box_predictor(model.roi_heads.box_head(pooled))
-    # Background excluded, as the feature stores label a region.
-    labels = (logits.softmax(-1)[:, 1:].argmax(1) + 1).cpu()
-    return list(labels.split([len(r) for r in regions]))
-
-
 def predict_ground_truth_labels(model, coco, device: str = "cpu", batch_size: int = 16) -> dict[int, int]:
     """{annotation id: the category the model gives that ground-truth box}."""
     model.eval()
@@ -122,10 +107,11 @@ def predict_ground_truth_labels(model, coco, device: str = "cpu", batch_size: in
             continue
         images = [load_image(coco.image_root / coco.imgs[i]["file_name"]) for i in batch]
         anns = [coco.imgToAnns[i] for i in batch]
-        boxes = [torch.tensor([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in image_anns)],
-                              dtype=torch.float32) for image_anns in anns]
-        for image_anns, labels in zip(anns, classify_given_boxes(model, images, boxes, device)):
-            predicted.update({a["id"]: int(k) for a, k in zip(image_anns, labels)})
+        boxes = [np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in image_anns)], dtype=np.float32)
+                 for image_anns in anns]
+        # Row 0 is the whole image; the best foreground class names a box, as the feature stores label it.
+        for image_anns, (_, probs, _) in zip(anns, score_regions(model, images, boxes, device)):
+            predicted.update({a["id"]: int(k) + 1 for a, k in zip(image_anns, probs[1:, 1:].argmax(1))})
     return predicted
 
 

@@ -73,7 +73,9 @@ def visual_batch(regions: list[Regions], with_images: bool = False, masked: torc
         features[k, :len(r.boxes)] = torch.from_numpy(r.features)
         valid[k, :len(r.boxes)] = True
     sizes = torch.tensor([[r.width, r.height] for r in regions])
-    images = [load_image(r.image_path) for r in regions] if with_images else None
+    # With cached features the Fast R-CNN sees only the images that have a masked RoI: load just those.
+    needed = masked.any(1).tolist() if cached and masked is not None else [True] * n
+    images = [load_image(r.image_path) if need else None for r, need in zip(regions, needed)] if with_images else None
     return VisualInputs(boxes, sizes, valid, features if cached else None, images, masked)
 
 

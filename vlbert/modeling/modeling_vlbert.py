@@ -60,7 +60,8 @@ class VisualInputs:
     boxes: [B, R, 4] x1 y1 x2 y2 in image pixels; image_sizes: [B, 2] width, height;
     roi_mask: [B, R] bool, real rows (the rest is padding);
     features: [B, R, D] cached appearance features, or None to compute them from `images`;
-    images: list of B float RGB [3, H, W] tensors in [0, 1] (needed when features is None);
+    images: list of B float RGB [3, H, W] tensors in [0, 1] (needed when features is None; with
+        features, None stands for an image without a masked RoI, which is never read);
     masked: [B, R] bool, RoIs masked for masked RoI classification (pixels zeroed, mask embedding).
     """
     boxes: torch.Tensor
