@@ -84,6 +84,22 @@ def test_the_tuned_fast_rcnn_takes_its_own_rate_through_the_schedule():
 
 # ---- the stages ------------------------------------------------------------------------------
 
+def test_word_embedding_std_draws_the_embeddings_and_the_tied_decoder():
+    # The mini world's bert-init starts its words wide apart: at BERT's 0.02 the colours ended
+    # near one embedding, and pre-training could not tell them apart from the image.
+    from transformers import BertConfig, BertForMaskedLM
+    from vlbert.engine.bert_init import init_word_embeddings
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(vocab_size=400, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=64))
+    assert float(model.get_input_embeddings().weight[1:].std()) == pytest.approx(0.02, rel=0.1)
+    init_word_embeddings(model, 0.1)
+    weight = model.get_input_embeddings().weight
+    assert float(weight[1:].std()) == pytest.approx(0.1, rel=0.1)
+    assert not weight[model.config.pad_token_id].any()
+    assert model.get_output_embeddings().weight is weight
+
+
 def test_bert_init_checkpoint_loads_into_vlbert(smoke_study):
     from vlbert.engine.build import build_model
     from vlbert.modeling import VLBertForPreTraining

@@ -51,6 +51,22 @@ def world_processor(preset: dict, data_root, processor: VLBertProcessor) -> VLBe
     return VLBertProcessor(wordpiece_from_texts(world_texts(data_root), size), processor.max_text_length)
 
 
+def init_word_embeddings(model: BertForMaskedLM, std: float) -> None:
+    """Draw the word embeddings (and so the tied MLM decoder) from N(0, std), padding row zero.
+
+    A few hundred steps on a corpus that uses the words of a kind alike (the colours, the shapes)
+    pull their embeddings into one: from BERT's 0.02 their spread ends at 0.4 of the part they
+    share, and a vision-language model built on them must break that symmetry before any colour
+    can be read from the image (reports/reference/mini/README.md, eighth round). A real BERT's words
+    each have contexts of their own. A wider start keeps each word's identity through the short
+    training."""
+    weight = model.get_input_embeddings().weight
+    with torch.no_grad():
+        weight.normal_(0.0, std)
+        if model.config.pad_token_id is not None:
+            weight[model.config.pad_token_id].zero_()
+
+
 def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool = True) -> dict:
     model_options, options = preset["model"], preset["bert_init"]
     seed = preset["seed"]
@@ -63,6 +79,8 @@ def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool =
                         intermediate_size=model_options["intermediate_size"],
                         max_position_embeddings=512, type_vocab_size=2, attn_implementation="sdpa")
     model = BertForMaskedLM(config)
+    if model_options.get("word_embedding_std"):
+        init_word_embeddings(model, float(model_options["word_embedding_std"]))
     corpus = CorpusDataset(corpus_path)
     collate = TextOnlyCollator(processor)
     batch_size = options["batch_size"]
