@@ -35,6 +35,14 @@ def test_wrong_type_is_named(tmp_path):
         load_config(_write(tmp_path, config))
 
 
+def test_fractional_epochs_are_refused(tmp_path):
+    # Seen: `pretrain.epochs: 0.3` ran 0 steps and exited 0 with no model.
+    config = _smoke()
+    config["pretrain"]["epochs"] = 0.3
+    with pytest.raises(ConfigError, match=r"pretrain\.epochs: 0\.3 is not of type 'integer'"):
+        load_config(_write(tmp_path, config))
+
+
 def test_missing_required_key_is_named(tmp_path):
     config = _smoke()
     del config["data"]["synthetic"]["vcr"]

@@ -15,6 +15,7 @@ import yaml
 
 from conftest import study_args
 from vlbert.cli import main
+from vlbert.engine.checkpoint import read_state
 from vlbert.engine.optim import build_optimizer, build_scheduler
 from vlbert.study.registry import SETTINGS
 
@@ -303,6 +304,17 @@ def test_same_seed_same_metrics(smoke_study, tmp_path):
     assert _metrics(tmp_path / "one") == _metrics(tmp_path / "two")
 
 
+def test_finetune_into_a_folder_of_another_rate_starts_afresh(smoke_study, tmp_path, capsys):
+    # Seen: `--lr 5e-2` into a folder finished at 1e-3 wrote "lr": 0.05 beside 1e-3's numbers.
+    run = lambda lr, out: main(["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "--lr", lr, "--seed", "3",
+                                "--out", str(tmp_path / out), *study_args(smoke_study)])
+    assert run("0.001", "reused") == 0
+    assert run("0.02", "reused") == 0
+    assert "not resuming" in capsys.readouterr().out
+    assert run("0.02", "fresh") == 0
+    assert _metrics(tmp_path / "reused") == _metrics(tmp_path / "fresh")
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
     preset = yaml.safe_load(smoke_study["preset"].read_text())
@@ -316,16 +328,120 @@ def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
     killed = tmp_path / "killed"
     process = subprocess.Popen(command + ["--out", str(killed)])
     deadline = time.time() + 180
-    while not (killed / "checkpoint" / "state.pt").exists():
+    while not (killed / "checkpoint" / "state.json").exists():
         assert process.poll() is None and time.time() < deadline, "the run ended before it could be killed"
         time.sleep(0.02)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    state = torch.load(killed / "checkpoint" / "state.pt", weights_only=True)["position"]
+    state = read_state(killed / "checkpoint")["position"]
     assert state["batch"] > 0 and not (killed / "metrics.json").exists()      # killed mid-epoch
     subprocess.run(command + ["--out", str(killed)], check=True)
     subprocess.run(command + ["--out", str(tmp_path / "straight")], check=True)
     assert _metrics(killed) == _metrics(tmp_path / "straight")
+
+
+def _tiny_loop(folder, identity, lr=0.1, select_metric=None, evaluate=None):
+    from vlbert.engine.loop import LoopConfig, TrainingLoop
+    from vlbert.tracking import NullTracker
+
+    torch.manual_seed(0)
+    model = Tiny(2)
+    optimizer = build_optimizer(model, {"lr": lr, "weight_decay": 0.0})
+    scheduler = build_scheduler(optimizer, {}, 20, 10)
+    batch = lambda epoch, b: {"x": torch.full((1, 2), float(epoch * 10 + b))}
+    loss_fn = lambda model, batch: (((model.linear(batch["x"]) - 1.0) ** 2).sum().div(100), {})
+    return TrainingLoop(model, optimizer, scheduler, LoopConfig(2, 10, checkpoint_every=5, select_metric=select_metric),
+                        folder, batch, loss_fn, NullTracker(), evaluate=evaluate, progress=False,
+                        identity=identity)
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_a_checkpoint_is_resumed_only_by_the_run_that_made_it(tmp_path, capsys):
+    # Seen: `vlbert finetune --lr 5e-2` into a folder finished at 1e-3 wrote 1e-3's numbers under 5e-2.
+    _tiny_loop(tmp_path / "out", {"lr": 0.1, "inputs": {"bert": "sha256 aa"}}).fit()
+    again = _tiny_loop(tmp_path / "out", {"lr": 0.1, "inputs": {"bert": "sha256 aa"}})
+    again.fit()
+    assert again.steps_timed == 0                                   # the same run: resumed, nothing to do
+    other = _tiny_loop(tmp_path / "out", {"lr": 0.3, "inputs": {"bert": "sha256 bb"}}, lr=0.3)
+    other.fit()
+    assert "not resuming" in capsys.readouterr().out and other.steps_timed == 20
+    fresh = _tiny_loop(tmp_path / "fresh", {"lr": 0.3, "inputs": {"bert": "sha256 bb"}}, lr=0.3)
+    fresh.fit()
+    assert all(torch.equal(a, b) for a, b in zip(_weights(tmp_path / "out" / "best").values(),
+                                                   _weights(tmp_path / "fresh" / "best").values()))
+
+
+def test_checkpoints_need_no_unpickler(tmp_path):
+    # Every file a checkpoint holds is JSON or safetensors; the state comes back as it was saved.
+    loop = _tiny_loop(tmp_path, {"lr": 0.1})
+    loop.fit()
+    files = {f.name for f in (tmp_path / "checkpoint").iterdir()}
+    assert files == {"model.safetensors", "identity.json", "state.json", "state.safetensors"}
+    state = read_state(tmp_path / "checkpoint")
+    assert sorted(p for group in state["optimizer"]["param_groups"] for p in group["params"]) == [0, 1]
+    assert torch.equal(state["optimizer"]["state"][0]["exp_avg"], loop.optimizer.state_dict()["state"][0]["exp_avg"])
+    assert state["extra"]["best_epoch"] == 1 and state["position"] == {"epoch": 2, "batch": 0, "step": 20}
+
+
+def test_identity_differences_name_the_keys():
+    from vlbert.engine.checkpoint import identity_differences
+    assert identity_differences({"lr": 0.1, "preset": {"model": {"a": 1}, "seed": 0}},
+                                {"lr": 0.2, "preset": {"model": {"a": 2}, "seed": 0}}) == ["lr", "preset.model.a"]
+
+
+def test_a_checkpoint_without_an_identity_is_not_resumed(tmp_path, capsys):
+    _tiny_loop(tmp_path, None).fit()
+    loop = _tiny_loop(tmp_path, {"lr": 0.1})
+    loop.fit()
+    assert "records no identity" in capsys.readouterr().out and loop.steps_timed == 20
+
+
+def test_a_finished_run_writes_its_best_weights_again(tmp_path):
+    # Seen: Snakemake deleted best/ of a killed job; the re-run found its finished checkpoint and
+    # never wrote best/ again (MissingOutputException on every later run).
+    import shutil
+    _tiny_loop(tmp_path, {"lr": 0.1}).fit()
+    before = _weights(tmp_path / "best")
+    shutil.rmtree(tmp_path / "best")
+    loop = _tiny_loop(tmp_path, {"lr": 0.1})
+    loop.fit()
+    assert loop.steps_timed == 0 and all(torch.equal(before[k], v) for k, v in _weights(tmp_path / "best").items())
+
+
+def test_a_finished_run_whose_best_epoch_is_gone_trains_again(tmp_path, capsys):
+    import shutil
+    scores = iter([2.0, 1.0, 2.0, 1.0])     # the first epoch is the best one, in both runs
+    evaluate = lambda model: {"accuracy": next(scores)}
+    _tiny_loop(tmp_path, {"lr": 0.1}, select_metric="accuracy", evaluate=evaluate).fit()
+    before = _weights(tmp_path / "best")
+    shutil.rmtree(tmp_path / "best")
+    loop = _tiny_loop(tmp_path, {"lr": 0.1}, select_metric="accuracy", evaluate=evaluate)
+    loop.fit()
+    assert "are gone" in capsys.readouterr().out and loop.steps_timed == 20 and loop.state.best_epoch == 0
+    assert all(torch.equal(before[k], v) for k, v in _weights(tmp_path / "best").items())
+
+
+def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(smoke_study, tmp_path, capsys):
+    # Seen: two `vlbert pretrain` into one --out crashed each other on checkpoint.partial/.old.
+    from vlbert.io import exclusive_folder
+    out = tmp_path / "out"
+    hold = ("import sys, time\nfrom vlbert.io import exclusive_folder\nwith exclusive_folder(sys.argv[1]):\n"
+            "    print('held', flush=True)\n    time.sleep(120)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = main(["pretrain", "--setting", "a", "--out", str(out), *study_args(smoke_study)])
+        assert code == 2 and f"{out} is in use by another run (PID {holder.pid})" in capsys.readouterr().err
+        assert not (out / "checkpoint").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive_folder(out):     # a killed holder leaves no stale lock
+        pass
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path):
@@ -345,7 +461,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp
                         loss_fn, NullTracker(), progress=False)
     with pytest.raises(FloatingPointError, match=r"non-finite loss \(nan\) at step 7 \(epoch 1, batch 7\).*checkpoint"):
         loop.fit()
-    state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)
+    state = read_state(tmp_path / "checkpoint")
     assert state["position"] == {"epoch": 0, "batch": 5, "step": 5}
 
 

@@ -127,9 +127,15 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True):
 
 
 def _run_tracked(tracker, out: Path, work):
-    """Run `work`; log its output folder's metrics.json and best checkpoint; close the run."""
+    """Run `work`, holding its output folder; log the folder's metrics.json and best checkpoint;
+    close the run."""
+    from .io import FolderInUseError, exclusive_folder
     try:
-        result = work()
+        with exclusive_folder(out):
+            result = work()
+    except FolderInUseError:
+        tracker.close("KILLED")
+        raise
     except BaseException:
         tracker.close("FAILED")
         raise
@@ -513,6 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from .config import ConfigError
     from .data.errors import DataFormatError
+    from .io import FolderInUseError
     from .tracking import TrackingStoreError
 
     args = build_parser().parse_args(argv)
@@ -521,7 +528,8 @@ def main(argv=None) -> int:
     from .engine.distributed import shutdown
     try:
         return args.func(args)
-    except (ConfigError, DataFormatError, FileNotFoundError, ValueError, TrackingStoreError, ImportError) as exc:
+    except (ConfigError, DataFormatError, FileNotFoundError, FolderInUseError, ValueError, TrackingStoreError,
+            ImportError) as exc:
         print(f"vlbert {args.verb}: error: {exc}", file=sys.stderr)
         return 2
     finally:

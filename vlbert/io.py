@@ -40,6 +40,33 @@ def write_json(path, obj, indent: int | None = None) -> None:
     write_text(path, json.dumps(obj, sort_keys=True, indent=indent) + "\n")
 
 
+class FolderInUseError(RuntimeError):
+    """Another process is writing the output folder."""
+
+
+@contextmanager
+def exclusive_folder(path: str | os.PathLike):
+    """Hold an output folder for this process while it writes there: a second run into the same
+    folder stops at once, naming the process that holds it. The lock is the kernel's (flock), so a
+    killed holder leaves nothing stale behind."""
+    from filelock import FileLock, Timeout
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    lock, holder = FileLock(path / ".lock", timeout=0), path / ".lock.pid"
+    try:
+        lock.acquire()
+    except Timeout:
+        pid = holder.read_text().strip() if holder.is_file() else "unknown"
+        raise FolderInUseError(f"{path} is in use by another run (PID {pid}): wait for it to end, "
+                               "or give this one another output folder") from None
+    try:
+        holder.write_text(f"{os.getpid()}\n")
+        yield path
+    finally:
+        lock.release()
+
+
 @contextmanager
 def atomic_dir(path: str | os.PathLike):
     """Build a directory under a temporary name and rename it into place when complete.

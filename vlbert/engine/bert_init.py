@@ -18,9 +18,18 @@ from ..data.conceptual_captions import read_captions
 from ..data.text_corpus import read_corpus
 from ..modeling.processing_vlbert import VLBertProcessor, wordpiece_from_texts
 from .data import CorpusDataset, TextOnlyCollator
+from .checkpoint import input_identity
 from .loop import LoopConfig, TrainingLoop
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
+
+
+def world_text_files(data_root) -> list[Path]:
+    """The files `world_texts` reads."""
+    root = Path(data_root)
+    return [root / "text_corpus" / "corpus.txt", root / "conceptual_captions" / "train.tsv",
+            root / "vqa" / "v2_OpenEnded_mscoco_train2014_questions.json", root / "vcr" / "train.jsonl",
+            root / "refcoco+" / "refs(unc).p", root / "refcoco+" / "instances.json"]
 
 
 def world_texts(data_root) -> list[str]:
@@ -101,8 +110,13 @@ def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool =
         loss = F.cross_entropy(model.cls(hidden[masked]), batch["mlm_labels"][masked])
         return loss, {"mlm": loss}
 
+    # What this run is made from: a checkpoint of any other run is not resumed.
+    texts = world_text_files(data_root) if preset["model"].get("wordpiece_vocab_size") else [corpus_path]
+    identity = {"stage": "bert_init", "seed": seed,
+                "preset": {key: preset.get(key) for key in ("model", "bert_init", "training")},
+                "inputs": {str(Path(path).relative_to(data_root)): input_identity(path) for path in texts}}
     loop = TrainingLoop(model, optimizer, scheduler, LoopConfig(epochs, batches, **preset.get("training", {})),
-                        out, make_batch, loss_fn, tracker, progress=progress)
+                        out, make_batch, loss_fn, tracker, progress=progress, identity=identity)
     state = loop.fit()
     # The BERT checkpoint that VL-BERT loads: the last epoch's weights and the tokenizer.
     from transformers.utils import logging as hf_logging

@@ -17,6 +17,7 @@ from .. import io
 from .build import build_model
 from .data import feature_mean
 from .device import move_to
+from .checkpoint import input_identity
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order
@@ -80,9 +81,17 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
     def evaluate(model):
         return task.score(predict(model, task, val, batch_size), "val")
 
+    # What this run is made from: a checkpoint of any other run (another rate, seed, preset value,
+    # starting checkpoint or store) is not resumed, a sweep trial's included (--continue-trial).
+    identity = {"stage": "finetune", "setting": setting.name, "task": task_name, "lr": lr, "seed": seed,
+                "preset": {"model": preset.get("model"), "training": preset.get("training"),
+                           "finetune": {"epoch_factor": preset["finetune"].get("epoch_factor", 1.0), **options}},
+                "inputs": {"start": input_identity(pretrained if setting.pretrains else bert),
+                           "detector": None if setting.pretrains else input_identity(detector_dir),
+                           **{f"store.{path.name}": input_identity(path) for path in task.store_paths()}}}
     loop = TrainingLoop(wrap(model, device), optimizer, scheduler,
                         LoopConfig(epochs, batches, select_metric="accuracy", max_steps=max_steps, **preset.get("training", {})),
-                        out, make_batch, loss_fn, tracker, evaluate=evaluate, progress=progress)
+                        out, make_batch, loss_fn, tracker, evaluate=evaluate, progress=progress, identity=identity)
     state = loop.fit()
     if max_steps is not None and state.step >= max_steps:
         return loop_speed(loop, batch_size)

@@ -3,7 +3,10 @@
 It knows nothing of what a batch holds (the stage gives `make_batch` and `loss_fn`) nor of where
 metrics go (it reports to a `Tracker`). Batch b of epoch e is always the same examples with the
 same random choices, so a run killed at any point and re-run with the same command continues
-exactly: same batches, same dropout (the RNG state is in the checkpoint), same metrics.
+exactly: same batches, same dropout (the RNG state is in the checkpoint), same metrics. A
+checkpoint is resumed only by the run that made it (its `identity`: preset values, arguments,
+inputs); any other run starts afresh and says why in one line. A finished run re-run writes its
+best weights again if they are gone.
 
 Under torchrun each process takes every world_size-th batch and DDP averages the gradients.
 """
@@ -22,7 +25,8 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from .checkpoint import (checkpoint_identity, discard_checkpoint, identity_differences, latest_checkpoint,
+                         load_training_state, normalise_identity, read_training_position, save_checkpoint)
 from .device import move_to
 from .distributed import is_main_process, rank, unwrap, world_size
 
@@ -55,8 +59,10 @@ class LoopState:
 class TrainingLoop:
     def __init__(self, model, optimizer, scheduler, config: LoopConfig, out_dir,
                  make_batch: Callable[[int, int], dict], loss_fn: Callable, tracker,
-                 evaluate: Callable[[torch.nn.Module], dict] | None = None, progress: bool = True):
+                 evaluate: Callable[[torch.nn.Module], dict] | None = None, progress: bool = True,
+                 identity: dict | None = None):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.identity = normalise_identity(identity) if identity is not None else None
         self.config, self.out_dir = config, Path(out_dir)
         self.make_batch, self.loss_fn, self.tracker, self.evaluate = make_batch, loss_fn, tracker, evaluate
         self.progress = progress and is_main_process()
@@ -75,9 +81,35 @@ class TrainingLoop:
 
     # ---- checkpoints --------------------------------------------------------------------------
 
+    def _stale(self, found: Path) -> str | None:
+        """Why the checkpoint in `found` must not be resumed by this run, or None."""
+        if self.identity is not None:
+            stored = checkpoint_identity(found)
+            if stored is None:
+                return "it records no identity (made before identities were kept)"
+            differences = identity_differences(stored, self.identity)
+            if differences:
+                more = f" and {len(differences) - 4} more" if len(differences) > 4 else ""
+                return f"it was made by another run (differs in {', '.join(differences[:4])}{more})"
+        saved = read_training_position(found)
+        finished = saved["position"]["epoch"] >= self.config.epochs
+        if finished and not self._best_complete() and saved["extra"]["best_epoch"] != self.config.epochs - 1:
+            return f"it finished, but the best epoch's weights ({self.best_dir}) are gone"
+        return None
+
+    def _best_complete(self) -> bool:
+        return (self.best_dir / "model.safetensors").is_file()
+
     def resume(self) -> bool:
         found = latest_checkpoint(self.checkpoint_dir)
         if found is None:
+            return False
+        reason = self._stale(found)
+        if reason is not None:
+            if is_main_process():
+                print(f"not resuming {self.checkpoint_dir}: {reason}; starting afresh")
+                discard_checkpoint(self.checkpoint_dir)
+                shutil.rmtree(self.best_dir, ignore_errors=True)
             return False
         unwrap(self.model).load_state_dict(load_file(str(found / "model.safetensors")), strict=False)
         loaded = load_training_state(found, self.optimizer, self.scheduler)
@@ -90,7 +122,8 @@ class TrainingLoop:
         if is_main_process():
             s = self.state
             save_checkpoint(self.checkpoint_dir, unwrap(self.model), self.optimizer, self.scheduler, s.to_dict(),
-                            {"best_metric": s.best_metric, "best_epoch": s.best_epoch, "history": s.history})
+                            {"best_metric": s.best_metric, "best_epoch": s.best_epoch, "history": s.history},
+                            self.identity)
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -156,7 +189,18 @@ class TrainingLoop:
                         return self.state
                 bar.close()
                 self._end_epoch()
+        if is_main_process() and not self._best_complete():
+            # A finished run whose outputs were removed (Snakemake deletes a crashed job's): its
+            # last epoch is the best one here (resume() restarts the others), and the model holds it.
+            self._save_best()
         return self.state
+
+    def _save_best(self) -> None:
+        partial = self.best_dir.with_name("best.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        unwrap(self.model).save_pretrained(partial)
+        shutil.rmtree(self.best_dir, ignore_errors=True)
+        partial.rename(self.best_dir)
 
     def _check_in_step(self) -> None:
         """Under DDP every process must hold the same weights; a drift is a bug, not noise."""
@@ -184,11 +228,7 @@ class TrainingLoop:
             s.best_metric = metrics[select] if select else s.best_metric
             s.best_epoch = s.epoch
             if is_main_process():
-                partial = self.best_dir.with_name("best.partial")
-                shutil.rmtree(partial, ignore_errors=True)
-                unwrap(self.model).save_pretrained(partial)
-                shutil.rmtree(self.best_dir, ignore_errors=True)
-                partial.rename(self.best_dir)
+                self._save_best()
         s.epoch, s.batch = s.epoch + 1, 0
         self.save()
 

@@ -24,6 +24,7 @@ from ..modeling import VLBertForPreTraining
 from .build import build_model
 from .device import move_to
 from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean
+from .checkpoint import input_identity
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
@@ -155,9 +156,18 @@ def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir,
         return {**visual_clue_accuracy(m, own_batches, other_batches),
                 **grounding_probe(m, processor, own_batches.collate, own_batches.examples, batch_size)}
 
+    # What this run is made from: a checkpoint of any other run is not resumed.
+    identity = {"stage": "pretrain", "setting": setting.name, "seed": seed,
+                "preset": {key: preset.get(key) for key in ("model", "pretrain", "training")},
+                "inputs": {"bert": input_identity(bert), "detector": input_identity(detector_dir),
+                           **{f"captions.{split}": input_identity(data_root / "conceptual_captions" / f"{split}.tsv")
+                              for split in ("train", "val")},
+                           **{f"store.{split}": input_identity(features_dir / f"conceptual_captions.{split}.det.h5")
+                              for split in ("train", "val")},
+                           "corpus": input_identity(data_root / "text_corpus" / "corpus.txt") if corpus else None}}
     loop = TrainingLoop(wrap(model, device), optimizer, scheduler,
                         LoopConfig(epochs, batches, max_steps=max_steps, **preset.get("training", {})), out, make_batch, loss_fn, tracker,
-                        evaluate=evaluate, progress=progress)
+                        evaluate=evaluate, progress=progress, identity=identity)
     state = loop.fit()
     if max_steps is not None and state.step >= max_steps:
         return loop_speed(loop, batch_size)
