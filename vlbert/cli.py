@@ -129,9 +129,13 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True):
 def _run_tracked(tracker, out: Path, work):
     """Run `work`, holding its output folder; log the folder's metrics.json and best checkpoint;
     close the run."""
+    from contextlib import nullcontext
+
+    from .engine.distributed import is_main_process
     from .io import FolderInUseError, exclusive_folder
     try:
-        with exclusive_folder(out):
+        # Under torchrun the processes of one run share the folder: the first one holds it.
+        with exclusive_folder(out) if is_main_process() else nullcontext():
             result = work()
     except FolderInUseError:
         tracker.close("KILLED")
