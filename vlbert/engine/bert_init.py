@@ -39,15 +39,15 @@ def world_texts(data_root) -> list[str]:
     from ..data.vcr import read_vcr
     from ..data.vqa import read_vqa
 
-    root = Path(data_root)
-    texts = read_corpus(root / "text_corpus" / "corpus.txt")
-    texts += [c.caption for c in read_captions(root / "conceptual_captions" / "train.tsv")]
-    texts += [q.question for q in read_vqa(root / "vqa" / "v2_OpenEnded_mscoco_train2014_questions.json")]
-    for item in read_vcr(root / "vcr" / "train.jsonl"):
+    corpus, captions, questions, vcr, refs, _ = world_text_files(data_root)
+    texts = read_corpus(corpus)
+    texts += [c.caption for c in read_captions(captions)]
+    texts += [q.question for q in read_vqa(questions)]
+    for item in read_vcr(vcr):
         for tokens in (item.question, *item.answer_choices, *item.rationale_choices):
             texts.append(" ".join(w if isinstance(w, str) else " and ".join(item.objects[i] for i in w)
                                   for w in tokens))
-    texts += [e.sentence for e in RefCOCO(root / "refcoco+").expressions("train")]
+    texts += [e.sentence for e in RefCOCO(refs.parent).expressions("train")]
     return texts
 
 

@@ -138,13 +138,8 @@ def discard_checkpoint(folder) -> None:
         shutil.rmtree(candidate, ignore_errors=True)
 
 
-def read_training_position(folder) -> dict:
-    state = read_state(folder)
-    return {"position": state["position"], "extra": state["extra"]}
-
-
-def load_training_state(folder, optimizer, scheduler) -> dict:
-    state = read_state(folder)
+def load_training_state(state: dict, optimizer, scheduler) -> dict:
+    """Put a `read_state` result back into the optimiser, scheduler and RNG."""
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from .checkpoint import (checkpoint_identity, discard_checkpoint, identity_differences, latest_checkpoint,
-                         load_training_state, normalise_identity, read_training_position, save_checkpoint)
+                         load_training_state, normalise_identity, read_state, save_checkpoint)
 from .device import move_to
 from .distributed import is_main_process, rank, unwrap, world_size
 
@@ -81,8 +81,9 @@ class TrainingLoop:
 
     # ---- checkpoints --------------------------------------------------------------------------
 
-    def _stale(self, found: Path) -> str | None:
-        """Why the checkpoint in `found` must not be resumed by this run, or None."""
+    def _stale(self, found: Path, saved: dict) -> str | None:
+        """Why the checkpoint in `found` (its training state: `saved`) must not be resumed by this
+        run, or None."""
         if self.identity is not None:
             stored = checkpoint_identity(found)
             if stored is None:
@@ -91,7 +92,6 @@ class TrainingLoop:
             if differences:
                 more = f" and {len(differences) - 4} more" if len(differences) > 4 else ""
                 return f"it was made by another run (differs in {', '.join(differences[:4])}{more})"
-        saved = read_training_position(found)
         finished = saved["position"]["epoch"] >= self.config.epochs
         if finished and not self._best_complete() and saved["extra"]["best_epoch"] != self.config.epochs - 1:
             return f"it finished, but the best epoch's weights ({self.best_dir}) are gone"
@@ -104,7 +104,8 @@ class TrainingLoop:
         found = latest_checkpoint(self.checkpoint_dir)
         if found is None:
             return False
-        reason = self._stale(found)
+        saved = read_state(found)
+        reason = self._stale(found, saved)
         if reason is not None:
             if is_main_process():
                 print(f"not resuming {self.checkpoint_dir}: {reason}; starting afresh")
@@ -112,7 +113,7 @@ class TrainingLoop:
                 shutil.rmtree(self.best_dir, ignore_errors=True)
             return False
         unwrap(self.model).load_state_dict(load_file(str(found / "model.safetensors")), strict=False)
-        loaded = load_training_state(found, self.optimizer, self.scheduler)
+        loaded = load_training_state(saved, self.optimizer, self.scheduler)
         extra = loaded["extra"]
         self.state = LoopState(**loaded["position"], best_metric=extra["best_metric"],
                                best_epoch=extra["best_epoch"], history=extra["history"])
