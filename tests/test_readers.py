@@ -1,5 +1,6 @@
 import json
 import pickle
+import re
 
 import pytest
 
@@ -221,3 +222,130 @@ def test_plain_pickle_loads_including_python2_strings(tmp_path):
     # A Python 2 str (SHORT_BINSTRING opcode) decodes as latin-1 text.
     path.write_bytes(b"\x80\x02]q\x00U\x05caf\xe9!q\x01a.")
     assert load_plain_pickle(path) == ["café!"]
+
+
+# ---- bad bytes, broken pickles, answer counts, paths outside the data root -------------------
+
+def _latin1_on_line(text: str, line: int, word: str) -> bytes:
+    """`text` as UTF-8, except that `word` on line `line` (1-based) is written in latin-1."""
+    lines = text.encode().split(b"\n")
+    assert word.encode() in lines[line - 1]
+    lines[line - 1] = lines[line - 1].replace(word.encode(), word.encode("latin-1"), 1)
+    return b"\n".join(lines)
+
+
+def _vcr_lines():
+    return (FIXTURES / "vcr/val.jsonl").read_text().splitlines()
+
+
+@pytest.mark.parametrize("name, line, write, read", [
+    ("val.jsonl", 2, lambda: _latin1_on_line("\n".join(_vcr_lines()[:2]).replace('"smiling"', '"smïling"'), 2, "ï"),
+     read_vcr),
+    ("train.tsv", 2, lambda: b"a caption\timg.jpg\ncaf\xe9 au lait\timg2.jpg\n", read_captions),
+    ("corpus.txt", 3, lambda: b"one passage\n\ncaf\xe9 au lait\n", read_corpus),
+    ("answers_vqa.txt", 2, lambda: b"yes\ncaf\xe9\n", read_answer_vocabulary),
+    ("questions.json", 4, lambda: _latin1_on_line(
+        (FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json").read_text().replace("people", "péople"), 4, "é"),
+     read_vqa),
+    ("ann.json", 3, lambda: _latin1_on_line(
+        (FIXTURES / "vqa/v2_mscoco_val2014_annotations.json").read_text().replace('"red"', '"réd"', 1), 3, "é"),
+     lambda p: read_vqa(FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json", p)),
+    ("instances.json", 1, lambda: _latin1_on_line(
+        (FIXTURES / "refcoco/instances.json").read_text().replace("COCO_train", "CÖCO_train", 1), 1, "Ö"),
+     read_coco),
+])
+def test_bytes_that_are_not_utf8_name_the_file_and_line(tmp_path, name, line, write, read):
+    path = tmp_path / name
+    path.write_bytes(write())
+    with pytest.raises(DataFormatError, match=rf"{name.replace('.', '[.]')}:{line}: not UTF-8 text"):
+        read(path)
+
+
+def test_vcr_metadata_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "frame.json"
+    path.write_bytes(b'{"boxes": [], "names": [],\n "width": 1, "height": 1, "note": "caf\xe9"}')
+    with pytest.raises(DataFormatError, match=r"frame\.json:2: not UTF-8 text"):
+        read_metadata(path)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x02]q\x00(}q\x01(X\x06\x00\x00\x00ref_id", b"not a pickle at all"])
+def test_empty_truncated_or_corrupt_refs_name_the_file(refcoco_fixture, content):
+    (refcoco_fixture / "refs(unc).p").write_bytes(content)
+    with pytest.raises(DataFormatError, match=r"refs\(unc\)\.p: not a readable pickle"):
+        RefCOCO(refcoco_fixture)
+
+
+@pytest.mark.parametrize("count", [0, 9, 11])
+def test_vqa_annotation_without_ten_answers_names_the_question(tmp_path, count):
+    data = json.loads((FIXTURES / "vqa/v2_mscoco_val2014_annotations.json").read_text())
+    answers = data["annotations"][1]["answers"]
+    data["annotations"][1]["answers"] = (answers * 2)[:count]
+    (tmp_path / "ann.json").write_text(json.dumps(data))
+    with pytest.raises(DataFormatError, match=rf"ann\.json \[annotations\[1\]\.answers\]: question_id 421 has "
+                                              rf"{count} answers, VQA v2 has 10"):
+        read_vqa(FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json", tmp_path / "ann.json")
+
+
+OUTSIDE = ["../../etc/passwd", "/etc/passwd", "movie_a/../../../etc/passwd"]
+
+
+@pytest.mark.parametrize("outside", OUTSIDE)
+@pytest.mark.parametrize("field", ["img_fn", "metadata_fn"])
+def test_vcr_paths_outside_the_image_root_are_refused(tmp_path, field, outside):
+    lines = _vcr_lines()
+    record = json.loads(lines[1])
+    record[field] = outside
+    (tmp_path / "val.jsonl").write_text(lines[0] + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataFormatError, match=rf"val\.jsonl:2 \[{field}\]: {re.escape(outside)} is outside "
+                                              rf"the data root"):
+        read_vcr(tmp_path / "val.jsonl")
+
+
+@pytest.mark.parametrize("outside", OUTSIDE)
+def test_caption_images_outside_the_root_are_refused(tmp_path, outside):
+    (tmp_path / "train.tsv").write_text(f"a caption\tframes/1.jpg\nanother caption\t{outside}\n")
+    with pytest.raises(DataFormatError, match=rf"train\.tsv:2: {re.escape(outside)} is outside the data root"):
+        read_captions(tmp_path / "train.tsv")
+
+
+@pytest.mark.parametrize("outside", OUTSIDE)
+def test_coco_file_names_outside_the_root_are_refused(refcoco_fixture, outside):
+    path = refcoco_fixture / "instances.json"
+    data = json.loads(path.read_text())
+    data["images"][1]["file_name"] = outside
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataFormatError, match=rf"instances\.json \[images\[1\]\.file_name\]: {re.escape(outside)} "
+                                              rf"is outside the data root"):
+        RefCOCO(refcoco_fixture)
+
+
+@pytest.mark.parametrize("outside", ["../../etc", "/etc"])
+def test_vqa_image_folder_outside_the_root_is_refused(tmp_path, outside):
+    data = json.loads((FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json").read_text())
+    data["data_subtype"] = outside
+    (tmp_path / "questions.json").write_text(json.dumps(data))
+    with pytest.raises(DataFormatError, match=rf"questions\.json \[data_subtype\]: {re.escape(outside)} is outside"):
+        read_vqa(tmp_path / "questions.json")
+
+
+def test_vqa_image_id_must_be_a_number(tmp_path):
+    data = json.loads((FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json").read_text())
+    data["questions"][2]["image_id"] = "../../etc/passwd"
+    (tmp_path / "questions.json").write_text(json.dumps(data))
+    with pytest.raises(DataFormatError, match=r"questions\.json \[questions\[2\]\.image_id\]: expected an integer"):
+        read_vqa(tmp_path / "questions.json")
+
+
+def test_paths_inside_the_root_are_kept_as_written(tmp_path):
+    from vlbert.data.errors import resolve_inside
+    assert resolve_inside(tmp_path, "a/./b/../c.jpg", "f.tsv", 3) == tmp_path / "a/./b/../c.jpg"
+    assert resolve_inside(tmp_path, "frames/1.jpg", "f.tsv", 3) == tmp_path / "frames/1.jpg"
+
+
+def test_refcoco_ref_to_unknown_image(refcoco_fixture):
+    from refcoco.refs import REFS
+    refs = [dict(r) for r in REFS]
+    refs[1]["image_id"] = 77
+    (refcoco_fixture / "refs(unc).p").write_bytes(pickle.dumps(refs, protocol=2))
+    with pytest.raises(DataFormatError, match=r"refs\(unc\)\.p \[\[1\]\.image_id\]: image_id 77 is not in instances\.json"):
+        RefCOCO(refcoco_fixture)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -33,3 +35,40 @@ def require_nonempty(items: list, path, what: str) -> list:
     if not items:
         raise DataFormatError(path, f"no {what}: the split is empty")
     return items
+
+
+def _decode(data: bytes, path, line: int | None = None) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        line = line if line is not None else data.count(b"\n", 0, exc.start) + 1
+        raise DataFormatError(path, f"not UTF-8 text (byte 0x{data[exc.start]:02x} at column {exc.start - start + 1}): "
+                                    "save the file as UTF-8", line) from None
+
+
+def text_lines(path) -> Iterator[tuple[int, str]]:
+    """The lines of a UTF-8 text file, numbered from 1, without their line ends. Decoded one line at
+    a time (large corpora stream) so that bad bytes are reported with their line; Python's own
+    decoding error names neither the file nor the line."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            yield number, _decode(raw, path, number).rstrip("\r\n")
+
+
+def read_text(path) -> str:
+    """A whole UTF-8 text file (a JSON document); bad bytes are reported with their line."""
+    return _decode(Path(path).read_bytes(), path)
+
+
+def resolve_inside(root, relative, path, line: int | None = None, key: str | None = None) -> Path:
+    """`root / relative` for a path read from the data file `path`, refused when it leaves `root`
+    (absolute, or climbing out with `..`): a data file must not make us open files elsewhere.
+    Checked on the text, not on the disk, so symlinks the user placed inside the root still work."""
+    if not isinstance(relative, str) or not relative.strip():
+        raise DataFormatError(path, f"expected a file path relative to the data root, got {relative!r}", line, key)
+    parts = os.path.normpath(relative).split(os.sep)
+    if os.path.isabs(relative) or parts[0] == "..":
+        raise DataFormatError(path, f"{relative} is outside the data root {root}: paths in a data file must stay "
+                                    "inside it", line, key)
+    return Path(root) / relative

@@ -42,6 +42,8 @@ class RefCOCO:
                          self.refs_path, prefix=f"[{k}].")
             if ref["ann_id"] not in self.coco.anns:
                 raise DataFormatError(self.refs_path, f"ann_id {ref['ann_id']} is not in instances.json", key=f"[{k}].ann_id")
+            if ref["image_id"] not in self.coco.imgs:
+                raise DataFormatError(self.refs_path, f"image_id {ref['image_id']} is not in instances.json", key=f"[{k}].image_id")
             for n, sentence in enumerate(ref["sentences"]):
                 require_keys(sentence, ["sent_id", "sent"], self.refs_path, prefix=f"[{k}].sentences[{n}].")
         self.refs = refs

@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import pickle
 
+from .errors import DataFormatError
+
 
 class UnsafePickleError(pickle.UnpicklingError):
     pass
@@ -28,8 +30,13 @@ class _PlainDataUnpickler(pickle.Unpickler):
 def load_plain_pickle(path) -> object:
     with open(path, "rb") as f:
         data = f.read()
+    if not data:
+        raise DataFormatError(path, "not a readable pickle: the file is empty (download it again)")
     try:
         # encoding="latin1" reads the Python 2 pickles that REFER's files were written with.
         return _PlainDataUnpickler(io.BytesIO(data), encoding="latin1").load()
     except UnsafePickleError as exc:
         raise UnsafePickleError(f"{path}: {exc}") from None
+    except Exception as exc:  # a truncated or corrupt pickle can fail in many ways, none naming the file
+        raise DataFormatError(path, f"not a readable pickle, truncated or corrupt ({type(exc).__name__}: {exc}); "
+                                    "download it again") from None

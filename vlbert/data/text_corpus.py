@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .errors import DataFormatError, require_file
+from .errors import DataFormatError, require_file, text_lines
 
 
 def iter_passages(path) -> Iterator[str]:
     """Passages one by one, blank lines (document breaks) skipped; streams large corpora."""
     path = require_file(path, "text corpus")
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                yield line
+    for _, line in text_lines(path):
+        line = line.strip()
+        if line:
+            yield line
 
 
 def read_corpus(path) -> list[str]:

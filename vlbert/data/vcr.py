@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DataFormatError, require_file, require_keys, require_nonempty
+from .errors import DataFormatError, read_text, require_file, require_keys, require_nonempty, resolve_inside, text_lines
 
 Tokens = list  # a VCR token list: words (str) and object references (lists of object indices)
 
@@ -52,39 +52,40 @@ def read_vcr(jsonl_path, image_root=None) -> list[VCRExample]:
     jsonl_path = require_file(jsonl_path, "VCR annotations")
     root = Path(image_root) if image_root else jsonl_path.parent / "vcr1images"
     examples = []
-    with open(jsonl_path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(jsonl_path, f"invalid JSON: {exc.msg}", line_no) from None
-            require_keys(record, _REQUIRED, jsonl_path, line_no)
-            n = len(record["objects"])
-            _check_tokens(record["question"], n, jsonl_path, line_no, "question")
-            for field in ("answer_choices", "rationale_choices"):
-                choices = record[field]
-                if not isinstance(choices, list) or len(choices) != 4:
-                    raise DataFormatError(jsonl_path, "expected 4 choices", line_no, field)
-                for c, choice in enumerate(choices):
-                    _check_tokens(choice, n, jsonl_path, line_no, f"{field}[{c}]")
-            labels = []
-            for field in ("answer_label", "rationale_label"):
-                label = record.get(field)
-                if label is not None and label not in (0, 1, 2, 3):
-                    raise DataFormatError(jsonl_path, f"label must be 0..3, got {label!r}", line_no, field)
-                labels.append(label)
-            examples.append(VCRExample(
-                record["annot_id"], record["objects"], record["question"], record["answer_choices"],
-                record["rationale_choices"], root / record["img_fn"], root / record["metadata_fn"], *labels))
+    for line_no, line in text_lines(jsonl_path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(jsonl_path, f"invalid JSON: {exc.msg}", line_no) from None
+        require_keys(record, _REQUIRED, jsonl_path, line_no)
+        n = len(record["objects"])
+        _check_tokens(record["question"], n, jsonl_path, line_no, "question")
+        for field in ("answer_choices", "rationale_choices"):
+            choices = record[field]
+            if not isinstance(choices, list) or len(choices) != 4:
+                raise DataFormatError(jsonl_path, "expected 4 choices", line_no, field)
+            for c, choice in enumerate(choices):
+                _check_tokens(choice, n, jsonl_path, line_no, f"{field}[{c}]")
+        labels = []
+        for field in ("answer_label", "rationale_label"):
+            label = record.get(field)
+            if label is not None and label not in (0, 1, 2, 3):
+                raise DataFormatError(jsonl_path, f"label must be 0..3, got {label!r}", line_no, field)
+            labels.append(label)
+        image, metadata = (resolve_inside(root, record[field], jsonl_path, line_no, field)
+                           for field in ("img_fn", "metadata_fn"))
+        examples.append(VCRExample(
+            record["annot_id"], record["objects"], record["question"], record["answer_choices"],
+            record["rationale_choices"], image, metadata, *labels))
     return require_nonempty(examples, jsonl_path, "VCR questions")
 
 
 def read_metadata(path) -> VCRMetadata:
     path = require_file(path, "VCR image metadata")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
     require_keys(data, ["boxes", "names", "width", "height"], path)

@@ -6,7 +6,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DataFormatError, require_file, require_keys, require_nonempty
+from .errors import DataFormatError, read_text, require_file, require_keys, require_nonempty, resolve_inside, text_lines
+
+ANSWERS_PER_QUESTION = 10  # VQA v2 asked ten people each question; the accuracy is over them
 
 # Image folders of the COCO splits that VQA v2's question files point into.
 IMAGE_FOLDER = {"train2014": "train2014", "val2014": "val2014", "test2015": "test2015",
@@ -29,16 +31,14 @@ class VQAExample:
 def load_json(path, what: str):
     path = require_file(path, what)
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
 
 
 def read_answer_vocabulary(path) -> list[str]:
     path = require_file(path, "VQA answer vocabulary")
-    answers = [line.rstrip("\n") for line in open(path, encoding="utf-8")]
-    answers = [a for a in answers if a.strip()]
+    answers = [line for _, line in text_lines(path) if line.strip()]
     if len(set(answers)) != len(answers):
         raise DataFormatError(path, "duplicate answers in the vocabulary")
     return require_nonempty(answers, path, "answers")
@@ -52,7 +52,12 @@ def read_annotations(path) -> dict[int, dict]:
         prefix = f"annotations[{k}]."
         require_keys(ann, ["question_id", "image_id", "answers", "answer_type", "question_type",
                            "multiple_choice_answer"], path, prefix=prefix)
-        for n, answer in enumerate(ann["answers"]):
+        answers = ann["answers"]
+        if not isinstance(answers, list) or len(answers) != ANSWERS_PER_QUESTION:
+            count = len(answers) if isinstance(answers, list) else type(answers).__name__
+            raise DataFormatError(path, f"question_id {ann['question_id']} has {count} answers, VQA v2 has "
+                                        f"{ANSWERS_PER_QUESTION} per question", key=f"{prefix}answers")
+        for n, answer in enumerate(answers):
             require_keys(answer, ["answer"], path, prefix=f"{prefix}answers[{n}].")
         by_question[ann["question_id"]] = ann
     return by_question
@@ -69,11 +74,15 @@ def read_vqa(questions_path, annotations_path=None, image_root=None) -> list[VQA
     subtype = data["data_subtype"]
     folder = IMAGE_FOLDER.get(subtype, subtype)
     root = Path(image_root) if image_root else Path(questions_path).parent
+    images = resolve_inside(root, folder, questions_path, key="data_subtype")
     annotations = read_annotations(annotations_path) if annotations_path else {}
     examples = []
     for k, q in enumerate(data["questions"]):
         require_keys(q, ["question_id", "image_id", "question"], questions_path, prefix=f"questions[{k}].")
-        image_path = root / folder / f"COCO_{folder}_{q['image_id']:012d}.jpg"
+        if not isinstance(q["image_id"], int) or isinstance(q["image_id"], bool):
+            raise DataFormatError(questions_path, f"expected an integer COCO image id, got {q['image_id']!r}",
+                                  key=f"questions[{k}].image_id")
+        image_path = images / f"COCO_{folder}_{q['image_id']:012d}.jpg"
         ann = annotations.get(q["question_id"])
         if annotations_path and ann is None:
             raise DataFormatError(annotations_path, f"no annotation for question_id {q['question_id']}")
