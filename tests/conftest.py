@@ -96,3 +96,20 @@ def study_args(study, *extra):
     """CLI arguments that point a training verb at the smoke study's files."""
     return ["--config", str(study["preset"]), "--data", str(study["data"]), "--features", str(study["features"]),
             "--detector", str(study["detector"]), "--bert", str(study["bert"]), "--quiet", "--no-tracking", *extra]
+
+
+def tiny_store(path, keys=("1",), **attrs):
+    """A store as `vlbert extract-rois` writes it, two regions an image, without a detector."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from vlbert.data.feature_store import merge_shards, write_shard
+    results = [SimpleNamespace(boxes=np.zeros((2, 4), np.float32), labels=np.zeros(2, np.int64),
+                               probs=np.zeros((2, 3), np.float32), scores=np.zeros(2, np.float32),
+                               features=np.full((2, 8), k, np.float32), box_ids=np.full(2, -1, np.int64),
+                               width=10, height=10) for k in range(len(keys))]
+    shard = path.with_name(path.name + ".shard.npz")
+    write_shard(shard, list(keys), results, [])
+    merge_shards([shard], path, {"mode": "detected", "feature_dim": 8, **attrs})
+    shard.unlink()
+    return path

@@ -1,6 +1,8 @@
 """The RoI detector and extraction: the paper's box rule, ground-truth mode, resume, bad images."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, tiny_store
+from vlbert.data.errors import DataFormatError
 from vlbert.data.feature_store import FeatureStore
 from vlbert.detection.backends import DETECTRON2_MISSING, Detectron2Backend, TorchvisionBackend
 from vlbert.detection.extract import extract_to_store
@@ -283,3 +286,61 @@ def test_report_writes_the_detector_quality_table_or_says_it_is_missing(tmp_path
     assert "0.723" in text and "no ground-truth box accuracy" in text and "| size |" not in text
     write_detector(tmp_path / "missing.json", tmp_path)
     assert "No detector metrics" in (tmp_path / "detector.md").read_text()
+
+
+# ---- broken stores, stores of another data set, paths outside the data root -------------------
+
+def _without_offsets(path):
+    with h5py.File(path, "a") as f:
+        del f["offsets"]
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda p: p.write_bytes(b""), "not a readable feature store"),
+    (lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]), "not a readable feature store"),
+    (lambda p: p.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 8), "not a readable feature store"),
+    (_without_offsets, "no 'offsets' dataset"),
+])
+@pytest.mark.parametrize("preload", [False, True])
+def test_broken_feature_store_names_the_file(tmp_path, damage, problem, preload):
+    path = tiny_store(tmp_path / "vqa.val2014.det.h5", keys=[str(k) for k in range(50)], dataset="vqa", split="val2014")
+    damage(path)
+    with pytest.raises(DataFormatError, match=rf"vqa\.val2014\.det\.h5: {problem}"):
+        FeatureStore(path, preload=preload)
+
+
+def test_store_of_another_data_set_is_refused(refcoco_fixture, tmp_path):
+    """The VQA train store where RefCOCO+'s is expected: its image ids could match and give
+    another data set's features without a word."""
+    from vlbert.engine.tasks import build_task
+    data, features = tmp_path / "data", tmp_path / "features"
+    (data / "refcoco+").mkdir(parents=True)
+    for name in ("instances.json", "refs(unc).p"):
+        shutil.copy(refcoco_fixture / name, data / "refcoco+" / name)
+    tiny_store(features / "refcoco+.all.det.h5", keys=["581857", "9"], dataset="vqa", split="train2014")
+    with pytest.raises(DataFormatError, match=r"refcoco\+\.all\.det\.h5: a store of dataset 'vqa', split 'train2014', "
+                                              r"mode 'detected', but dataset 'refcoco\+', split 'all', mode 'detected' "
+                                              r"is expected here"):
+        build_task("refcoco_det", None, data, features)
+    tiny_store(features / "refcoco+.all.gt.h5", keys=["581857", "9"], dataset="refcoco+", split="all")
+    with pytest.raises(DataFormatError, match=r"refcoco\+\.all\.gt\.h5: .* mode 'detected', but .* mode 'gt'"):
+        build_task("refcoco_gt", None, data, features)
+    tiny_store(features / "refcoco+.all.det.h5", keys=["581857", "9"])
+    with pytest.raises(DataFormatError, match=r"refcoco\+\.all\.det\.h5: no 'dataset' attribute"):
+        build_task("refcoco_det", None, data, features)
+    tiny_store(features / "refcoco+.all.det.h5", keys=["581857", "9"], dataset="refcoco+", split="all")
+    assert len(build_task("refcoco_det", None, data, features).examples("test")) == 4
+
+
+def test_extraction_refuses_metadata_outside_the_data_root(tmp_path):
+    """VCR ground-truth boxes come from the metadata file each line names: one outside the root
+    would land its boxes in the store without a word."""
+    root = tmp_path / "vcr"
+    shutil.copytree(REPO / "tests/fixtures/vcr", root)
+    (tmp_path / "elsewhere.json").write_text((root / "vcr1images/movie_a/frame_0001.json").read_text())
+    lines = (root / "val.jsonl").read_text().splitlines()
+    record = json.loads(lines[1])
+    record["metadata_fn"] = "../../elsewhere.json"
+    (root / "val.jsonl").write_text(lines[0] + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataFormatError, match=r"val\.jsonl:2 \[metadata_fn\]: \.\./\.\./elsewhere\.json is outside"):
+        image_items(root, "vcr", "val", gt_boxes=True)

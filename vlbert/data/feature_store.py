@@ -5,7 +5,8 @@ Layout (rows of image i are offsets[i]:offsets[i+1]; row 0 of each image is the 
     boxes [T, 4] float32 (x1 y1 x2 y2, pixels), labels [T] int64, probs [T, C+1] float32,
     scores [T] float32, features [T, D] float32, box_ids [T] int64 (ground-truth mode: the VCR
     object index or RefCOCO+ ann_id of each given box; -1 for the whole image and detections)
-Attributes: mode (detected | gt), feature_dim, class_names, rule, detector, skipped, ...
+Attributes: dataset, split, mode (detected | gt), feature_dim, class_names, rule, detector, skipped,
+tuned_by (stores recomputed by a pre-trained, tuned Fast R-CNN), ...
 
 Writing goes through shards (one .npz per batch, each written atomically) that are merged into the
 HDF5 file at the end, itself written under a temporary name and renamed: a killed extraction
@@ -22,6 +23,7 @@ import h5py
 import numpy as np
 
 from .. import io
+from .errors import DataFormatError
 
 ARRAYS = ("boxes", "labels", "probs", "scores", "features", "box_ids")
 
@@ -88,26 +90,70 @@ def merge_shards(shards: list[Path], out, attrs: dict) -> dict:
     return {"images": len(keys), "regions": int(counts.sum()), "skipped": len(skipped)}
 
 
+def _plain(value) -> str:
+    """An attribute as text: h5py gives numpy scalars and bytes back."""
+    return value.decode() if isinstance(value, bytes) else str(value.item() if hasattr(value, "item") else value)
+
+
 class FeatureStore:
     """Read one feature file: `store[key]` gives that image's arrays; `store.keys` lists images.
 
     With `preload`, every array is read into memory once and the file closed: fast random
-    access for training, and the store can be sent to DataLoader workers.
+    access for training, and the store can be sent to DataLoader workers. `expect` names attribute
+    values the caller needs (e.g. {"dataset": "refcoco+"}): a store of another data set, split or
+    box mode is refused, not read as if it were the right one.
     """
 
-    def __init__(self, path, preload: bool = False):
+    def __init__(self, path, preload: bool = False, expect: dict | None = None):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"feature store not found: {self.path} (run `vlbert extract-rois`)")
-        self._file = h5py.File(self.path, "r")
-        self.keys = [k.decode() if isinstance(k, bytes) else k for k in self._file["keys"][()]]
-        self._index = {k: i for i, k in enumerate(self.keys)}
-        self._offsets = self._file["offsets"][()]
-        self.attrs = {k: v for k, v in self._file.attrs.items()}
+        try:
+            self._file = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise self._unreadable(exc) from None
+        try:
+            self._read(preload)
+            self._check(expect or {})
+        except BaseException as exc:
+            self._file.close()
+            if isinstance(exc, OSError):  # h5py reads lazily: a truncated file can open, then fail here
+                raise self._unreadable(exc) from None
+            raise
         if preload:
-            names = ("width", "height") + tuple(n for n in ARRAYS if n in self._file)
-            self._file, file = {name: self._file[name][()] for name in names}, self._file
-            file.close()
+            self._file.close()
+            self._file = None
+
+    def _unreadable(self, exc: OSError) -> DataFormatError:
+        return DataFormatError(self.path, f"not a readable feature store: empty, truncated or corrupt ({exc}); "
+                                          "delete it and run `vlbert extract-rois` again")
+
+    def _read(self, preload: bool) -> None:
+        for name in ("keys", "offsets", "width", "height"):
+            if name not in self._file:
+                raise DataFormatError(self.path, f"no {name!r} dataset: not a feature store written by "
+                                                 "`vlbert extract-rois`")
+        keys = [k.decode() if isinstance(k, bytes) else k for k in self._file["keys"][()]]
+        offsets = self._file["offsets"][()]
+        attrs = {k: v for k, v in self._file.attrs.items()}
+        rows = {name: len(self._file[name]) for name in ARRAYS if name in self._file}
+        if len(offsets) != len(keys) + 1 or any(n != offsets[-1] for n in rows.values()):
+            raise DataFormatError(self.path, f"{len(keys)} images, {len(offsets)} offsets and {rows} rows do not "
+                                             "fit together: the store is corrupt")
+        data = {name: self._file[name][()] for name in ("width", "height", *rows)} if preload else self._file
+        self.keys, self._offsets, self.attrs, self._data = keys, offsets, attrs, data
+        self._index = {k: i for i, k in enumerate(keys)}
+
+    def _check(self, expect: dict) -> None:
+        def describe(values):
+            return ", ".join(f"{key} {value!r}" for key, value in values.items())
+        for key in expect:
+            if key not in self.attrs:
+                raise DataFormatError(self.path, f"no {key!r} attribute: not a store written by `vlbert extract-rois`"
+                                                 f" (expected a store of {describe(expect)})")
+        found = {key: _plain(self.attrs[key]) for key in expect}
+        if found != {key: str(value) for key, value in expect.items()}:
+            raise DataFormatError(self.path, f"a store of {describe(found)}, but {describe(expect)} is expected here")
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -121,8 +167,8 @@ class FeatureStore:
         except KeyError:
             raise KeyError(f"{self.path}: no image {key!r}") from None
         start, end = self._offsets[i], self._offsets[i + 1]
-        item = {name: self._file[name][start:end] for name in ARRAYS}
-        item["width"], item["height"] = int(self._file["width"][i]), int(self._file["height"][i])
+        item = {name: self._data[name][start:end] for name in ARRAYS}
+        item["width"], item["height"] = int(self._data["width"][i]), int(self._data["height"][i])
         return item
 
     @property
@@ -130,7 +176,7 @@ class FeatureStore:
         return json.loads(self.attrs.get("skipped", "[]"))
 
     def close(self) -> None:
-        if isinstance(self._file, h5py.File):
+        if self._file is not None:
             self._file.close()
 
     def __enter__(self):

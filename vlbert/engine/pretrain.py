@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from ..data.feature_store import FeatureStore
 from ..modeling import VLBertForPreTraining
 from .build import build_model
 from .device import move_to
@@ -28,6 +27,7 @@ from .checkpoint import input_identity
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
+from .tasks import open_store
 
 IGNORE = -100
 
@@ -113,12 +113,12 @@ def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir,
     data_root, features_dir, out = Path(data_root), Path(features_dir), Path(out)
     max_rois = preset.get("model", {}).get("max_rois")
     captions = CaptionDataset(data_root / "conceptual_captions", "train",
-                              FeatureStore(features_dir / "conceptual_captions.train.det.h5", preload=True), max_rois)
+                              open_store(features_dir, "conceptual_captions", "train", "det"), max_rois)
     model, report = build_model(VLBertForPreTraining, preset, bert, detector_dir, tune_frcnn=setting.tune_frcnn,
                                 appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))))
     model.to(device)
     val = CaptionDataset(data_root / "conceptual_captions", "val",
-                         FeatureStore(features_dir / "conceptual_captions.val.det.h5", preload=True), max_rois)
+                         open_store(features_dir, "conceptual_captions", "val", "det"), max_rois)
     corpus = CorpusDataset(data_root / "text_corpus" / "corpus.txt") if setting.text_corpus else None
     collate, text_collate = PretrainCollator(processor, setting, captions), TextOnlyCollator(processor)
     batch_size = options["batch_size"]

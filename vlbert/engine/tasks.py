@@ -29,6 +29,16 @@ def features_path(features_dir, dataset: str, split: str, boxes: str) -> Path:
     return Path(features_dir) / f"{store_name(dataset, split, boxes)}.h5"
 
 
+BOX_MODES = {"det": "detected", "gt": "gt"}   # a store's `mode` attribute for each kind of boxes
+
+
+def open_store(features_dir, dataset: str, split: str, boxes: str) -> FeatureStore:
+    """That store, preloaded; one of another data set, split or kind of boxes under its name is
+    refused (the image keys of two data sets can match, and the features would be read silently)."""
+    return FeatureStore(features_path(features_dir, dataset, split, boxes), preload=True,
+                        expect={"dataset": dataset, "split": split, "mode": BOX_MODES[boxes]})
+
+
 @dataclass
 class Task:
     name: str
@@ -94,7 +104,7 @@ class VQATask(Task):
         from ..data.vqa import read_vqa
         from ..evaluation.vqa_eval import question_accuracy
         subtype = VQA_SUBTYPES[split]
-        store = FeatureStore(features_path(self.features_dir, "vqa", subtype, "det"), preload=True)
+        store = open_store(self.features_dir, "vqa", subtype, "det")
         out = []
         for e in read_vqa(self.root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
                           self.root / f"v2_mscoco_{subtype}_annotations.json"):
@@ -155,7 +165,7 @@ class VCRTask(Task):
     def examples(self, split):
         from ..data.vcr import read_vcr
         root = self.data_root / "vcr"
-        store = FeatureStore(features_path(self.features_dir, "vcr", split, "gt"), preload=True)
+        store = open_store(self.features_dir, "vcr", split, "gt")
         out = []
         for e in read_vcr(root / f"{split}.jsonl"):
             question = vcr_words(e.question, e.objects)
@@ -217,7 +227,7 @@ class RefCOCOTask(Task):
         from ..data.refcoco import RefCOCO
         self.dataset = RefCOCO(self.data_root / "refcoco+")
         self.boxes = "det" if self.name == "refcoco_det" else "gt"
-        self.store = FeatureStore(features_path(self.features_dir, "refcoco+", "all", self.boxes), preload=True)
+        self.store = open_store(self.features_dir, "refcoco+", "all", self.boxes)
 
     def examples(self, split):
         out = []
