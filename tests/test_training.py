@@ -4,6 +4,8 @@ MLflow runs, crash-safe resume, determinism, non-finite losses, DDP."""
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -265,7 +267,8 @@ def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp
     from vlbert.data.feature_store import FeatureStore
     from vlbert.detection.sources import image_items
     from vlbert.detection.train import load_image
-    from vlbert.engine.tuned_features import recomputes_features
+    from vlbert.data.errors import DataFormatError
+    from vlbert.engine.tuned_features import check_store_features
     from vlbert.modeling import VLBertForPreTraining
     pretrained = smoke_study["root"] / "pretrain" / "full" / "best"
     if not pretrained.exists():
@@ -275,9 +278,10 @@ def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp
                  "--store", str(store), "--out", str(tmp_path / "tuned"), "--data", str(smoke_study["data"]),
                  "--quiet"]) == 0
     tuned_path = tmp_path / "tuned" / store.name
-    assert recomputes_features(SETTINGS["full"], [store], pretrained)
-    assert not recomputes_features(SETTINGS["full"], [tuned_path], pretrained)
-    assert not recomputes_features(SETTINGS["d"], [store], None)
+    with pytest.raises(DataFormatError, match="vlbert tune-features"):
+        check_store_features(SETTINGS["full"], [store], pretrained)
+    check_store_features(SETTINGS["full"], [tuned_path], pretrained)
+    check_store_features(SETTINGS["d"], [store], None)
     fast_rcnn = VLBertForPreTraining.from_pretrained(pretrained).vlbert.fast_rcnn.eval()
     paths = {item.key: item.path for item in image_items(smoke_study["data"] / "refcoco+", "refcoco+", "all")}
     with FeatureStore(store) as original, FeatureStore(tuned_path) as tuned:
@@ -293,6 +297,62 @@ def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp
                  "--out", str(tmp_path / "full"), "--pretrained", str(pretrained),
                  *study_args({**smoke_study, "features": tmp_path / "tuned"})]) == 0
     assert json.loads((tmp_path / "full" / "metrics.json").read_text())["setting"] == "full"
+
+
+class FakeFastRCNN:
+    """Stands in for a tuned Fast R-CNN: a feature of ones for every box."""
+
+    def eval(self):
+        return self
+
+    def __call__(self, images, boxes):
+        return [torch.ones(len(b), 8) for b in boxes]
+
+
+def test_fine_tuning_refuses_the_features_of_another_fast_rcnn(tmp_path):
+    """Fine-tuning reads the stores' features as they are: `full` only those its own tuned Fast
+    R-CNN made (`vlbert tune-features`), every other setting only the detector's."""
+    from PIL import Image
+
+    from conftest import tiny_store
+    from vlbert.data.errors import DataFormatError
+    from vlbert.engine.tuned_features import check_store_features, tune_store
+    image = tmp_path / "1.png"
+    Image.new("RGB", (10, 10)).save(image)
+    extracted = tiny_store(tmp_path / "features" / "refcoco+.all.det.h5", dataset="refcoco+", split="all")
+    full, other = tmp_path / "pretrain" / "full" / "best", tmp_path / "elsewhere" / "full" / "best"
+    stores = {}
+    for name, pretrained in (("full", full), ("other", other)):
+        pretrained.mkdir(parents=True)
+        (pretrained / "model.safetensors").write_bytes(f"the weights of {name}".encode())
+        stores[name] = tmp_path / f"tuned_{name}" / extracted.name
+        tune_store(FakeFastRCNN(), pretrained, extracted, {"1": image}, stores[name], progress=False)
+
+    check_store_features(SETTINGS["full"], [stores["full"]], full)
+    check_store_features(SETTINGS["d"], [extracted], tmp_path / "pretrain" / "d" / "best")
+    check_store_features(SETTINGS["no_pretrain"], [extracted], None)
+    full_id, other_id = re.escape(str(full.resolve())), re.escape(str(other.resolve()))
+    with pytest.raises(DataFormatError, match=rf"tuned_other/refcoco\+\.all\.det\.h5: holds the features of the tuned "
+                                              rf"Fast R-CNN of {other_id}, but setting 'full' fine-tunes on those of the "
+                                              rf"tuned Fast R-CNN of {full_id}: run `vlbert tune-features"):
+        check_store_features(SETTINGS["full"], [stores["full"], stores["other"]], full)
+    with pytest.raises(DataFormatError, match=rf"features/refcoco\+\.all\.det\.h5: holds the features of the "
+                                              rf"detector's Fast R-CNN \(not tuned\), but setting 'full' fine-tunes on "
+                                              rf"those of the tuned Fast R-CNN of {full_id}: run `vlbert tune-features"):
+        check_store_features(SETTINGS["full"], [extracted], full)
+    for name in ("d", "no_pretrain"):
+        with pytest.raises(DataFormatError, match=rf"tuned_full/refcoco\+\.all\.det\.h5: holds the features of the "
+                                                  rf"tuned Fast R-CNN of {full_id}, but setting '{name}' fine-tunes on "
+                                                  rf"those of the detector's Fast R-CNN \(not tuned\)"):
+            check_store_features(SETTINGS[name], [stores["full"]], None)
+    # Known by its weights: a copy of the checkpoint elsewhere is the same Fast R-CNN; the folder
+    # pre-trained again is another, whose features are not these.
+    shutil.copytree(full, tmp_path / "copy")
+    check_store_features(SETTINGS["full"], [stores["full"]], tmp_path / "copy")
+    (full / "model.safetensors").write_bytes(b"the weights of full, trained again")
+    with pytest.raises(DataFormatError, match=rf"tuned_full/.*: holds the features of the tuned Fast R-CNN of {full_id} "
+                                              rf"before it was pre-trained again"):
+        check_store_features(SETTINGS["full"], [stores["full"]], full)
 
 
 # ---- determinism and crash safety ------------------------------------------------------------

@@ -22,7 +22,7 @@ from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order
 from .tasks import build_task
-from .tuned_features import recomputes_features
+from .tuned_features import check_store_features
 
 
 @torch.no_grad()
@@ -44,14 +44,14 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
     if world_size() > 1 and is_main_process():
         print(f"data-parallel fine-tuning: {world_size()} processes")
     torch.manual_seed(seed)
-    # A Fast R-CNN tuned in pre-training no longer matches the detector's features: read the
-    # stores its frozen copy made (`vlbert tune-features`), else run it on the images each step.
+    if setting.pretrains and pretrained is None:
+        raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")
+    # A Fast R-CNN tuned in pre-training no longer matches the detector's features: such a setting
+    # reads the stores its frozen copy made (`vlbert tune-features`), every other one the detector's.
     task = build_task(task_name, processor, data_root, features_dir)
-    task.recompute = recomputes_features(setting, task.store_paths(), pretrained)
+    check_store_features(setting, task.store_paths(), pretrained)
     train, val = task.examples("train"), task.examples("val")
     if setting.pretrains:
-        if pretrained is None:
-            raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")
         # The features stay centred on the pre-training images' mean, saved with the weights.
         model = task.model_class.from_pretrained(pretrained, **task.model_overrides(), tune_frcnn=False)
     else:

@@ -17,10 +17,19 @@ from types import SimpleNamespace
 import torch
 from tqdm import tqdm
 
+from ..data.errors import DataFormatError
 from ..data.feature_store import ARRAYS, FeatureStore, finish_shards, shard_paths, write_shard
 from ..detection.train import load_image
+from .checkpoint import file_identity
 
 TUNED_BY = "tuned_by"   # store attribute: the pre-trained checkpoint whose Fast R-CNN made the features
+# ... and its weights' identity: a checkpoint pre-trained again into the same folder is another one.
+TUNED_BY_WEIGHTS = "tuned_by_weights"
+DETECTOR_FEATURES = "the detector's Fast R-CNN (not tuned)"
+
+
+def weights_identity(pretrained) -> str | None:
+    return file_identity(Path(pretrained) / "model.safetensors")
 
 
 def _fingerprint(source: Path, pretrained: Path, batch_size: int) -> str:
@@ -61,7 +70,7 @@ def tune_store(fast_rcnn, pretrained, source, image_paths: dict[str, Path], out,
     # h5py gives numpy scalars and bytes back; the merge writes plain values (or JSON).
     attrs = {k: v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v
              for k, v in store.attrs.items() if k not in ("skipped", "num_skipped", "num_images")}
-    attrs[TUNED_BY] = str(pretrained.resolve())
+    attrs[TUNED_BY], attrs[TUNED_BY_WEIGHTS] = str(pretrained.resolve()), weights_identity(pretrained)
     return finish_shards(shards, out, attrs)
 
 
@@ -80,14 +89,27 @@ def image_paths_for(config: dict, store_path) -> dict[str, Path]:
     return {item.key: item.path for item in items}
 
 
-def recomputes_features(setting, store_paths, pretrained) -> bool:
-    """Whether fine-tuning this setting must run its Fast R-CNN on the images in every step: it
-    tuned the module in pre-training, and the stores it reads are not that module's features."""
-    return setting.tune_frcnn and not all(is_tuned_by(path, pretrained) for path in store_paths)
-
-
-def is_tuned_by(store_path, pretrained) -> bool:
-    """Whether a store holds the features of this pre-trained checkpoint's Fast R-CNN."""
-    with FeatureStore(store_path) as store:
-        tuned_by = store.attrs.get(TUNED_BY)
-    return tuned_by is not None and str(tuned_by) == str(Path(pretrained).resolve())
+def check_store_features(setting, store_paths, pretrained) -> None:
+    """Fine-tuning keeps Fast R-CNN frozen and reads the stores' features as they are, so they must
+    be those of the Fast R-CNN the run starts from: the detector's for a setting that never tuned
+    it; for one that tuned it in pre-training (`full`), those `vlbert tune-features` made from this
+    very checkpoint (the same weights). Any other store would feed the model features it never
+    saw, without a word: it is refused, naming both Fast R-CNNs."""
+    wanted = Path(pretrained).resolve() if setting.tune_frcnn else None
+    for path in store_paths:
+        with FeatureStore(path) as store:
+            tuned_by, weights = (store.attrs.get(key) for key in (TUNED_BY, TUNED_BY_WEIGHTS))
+        if tuned_by is None and wanted is None:
+            continue
+        if tuned_by is not None and wanted is not None:
+            same_path = str(tuned_by) == str(wanted)
+            if str(weights) == weights_identity(wanted) if weights is not None else same_path:
+                continue
+        found = DETECTOR_FEATURES if tuned_by is None else f"the tuned Fast R-CNN of {tuned_by}" + (
+            " before it was pre-trained again" if wanted is not None and same_path else "")
+        expected = DETECTOR_FEATURES if wanted is None else f"the tuned Fast R-CNN of {wanted}"
+        hint = (f"run `vlbert tune-features --pretrained {pretrained} --store <the stores of extract-rois> --out DIR`"
+                " and fine-tune with --features DIR" if wanted is not None else
+                "fine-tune with --features pointing at the stores of `vlbert extract-rois`")
+        raise DataFormatError(path, f"holds the features of {found}, but setting {setting.name!r} fine-tunes on "
+                                    f"those of {expected}: {hint}")
