@@ -74,3 +74,35 @@ def test_make_data_cli_on_a_bad_preset(tmp_path, capsys):
 def test_every_verb_has_help(verb):
     result = subprocess.run([sys.executable, "-m", "vlbert.cli", *verb, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage: vlbert" in result.stdout
+
+
+def _nine_answers(tmp_path):
+    data = json.loads((FIXTURES / "vqa/v2_mscoco_val2014_annotations.json").read_text())
+    data["annotations"][2]["answers"].pop()
+    (tmp_path / "ann.json").write_text(json.dumps(data))
+    root = FIXTURES / "vqa"
+    return ["vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"), "--annotations",
+            str(tmp_path / "ann.json"), "--predictions", str(root / "predictions.json")]
+
+
+def _latin1_vcr(tmp_path):
+    lines = (FIXTURES / "vcr/val.jsonl").read_bytes().split(b"\n")
+    (tmp_path / "val.jsonl").write_bytes(lines[0] + b"\n" + lines[1].replace(b"smiling", b"sm\xefling") + b"\n")
+    return ["vcr", "--annotations", str(tmp_path / "val.jsonl"), "--predictions", str(FIXTURES / "vcr/predictions.json")]
+
+
+def _empty_refs(tmp_path):
+    (tmp_path / "instances.json").write_text((FIXTURES / "refcoco/instances.json").read_text())
+    (tmp_path / "refs(unc).p").write_bytes(b"")
+    return ["refcoco", "--root", str(tmp_path), "--predictions", str(FIXTURES / "vqa/predictions.json")]
+
+
+@pytest.mark.parametrize("arguments, error", [
+    (_nine_answers, "ann.json [annotations[2].answers]: question_id 730 has 9 answers"),
+    (_latin1_vcr, "val.jsonl:2: not UTF-8 text"),
+    (_empty_refs, "refs(unc).p: not a readable pickle"),
+])
+def test_bad_input_is_one_line_naming_the_file(tmp_path, capsys, arguments, error):
+    assert main(["evaluate", *arguments(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert error in err and len(err.strip().splitlines()) == 1
