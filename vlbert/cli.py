@@ -270,8 +270,11 @@ def _report(args) -> int:
     vcr_val = dataset_root(config, "vcr") / "val.jsonl"
     summary = write_report(uri, experiment, args.out, sweeps, vcr_val if vcr_val.is_file() else None,
                            detector_metrics=Path("results") / config["name"] / "detector" / "metrics.json")
+    for warning in summary["warnings"]:
+        print(f"vlbert report: warning: {warning}", file=sys.stderr)
+    no_data = f", {summary['findings_no_data']} without data" if summary["findings_no_data"] else ""
     print(f"report: {args.out} ({summary['finetune_runs']} fine-tuning runs; "
-          f"{summary['findings_agreeing']} of 6 findings agree with the paper)")
+          f"{summary['findings_agreeing']} of 6 findings agree with the paper{no_data})")
     return 0
 
 
