@@ -56,17 +56,32 @@ def _temp_folders(pid: int) -> list[Path]:
     return sorted(Path("/tmp").glob(f"ray-vlbert-{pid}-*"))
 
 
-def test_local_ray_listens_on_loopback_only():
+def _sweep(tmp_path, monkeypatch, tune):
+    """run_sweeps as `vlbert sweep` calls it, its Ray Tune run replaced by `tune`."""
+    from vlbert.study import sweep
+    monkeypatch.setattr(sweep, "_tune", tune)
+    preset = {"name": "t", "seed": 0, "sweep": {"lrs": [1e-3]}}
+    return sweep.run_sweeps(preset, "no_pretrain", ["vqa"], tmp_path / "sweep", data_root=None, features_dir=None,
+                            bert=None, detector=None, cores=1)
+
+
+TRIALS = {"vqa": [{"lr": 1e-3, "best_val_accuracy": 50.0, "val_accuracy_by_epoch": [50.0], "error": None}]}
+
+
+def test_a_sweeps_ray_listens_on_loopback_only(tmp_path, monkeypatch):
     # Seen: during a sweep, gcs_server, raylet and the workers listened on every interface.
     import ray
+    bound = []
 
-    from vlbert.study.sweep import local_ray
-    with local_ray(cpus=1):
+    def tune(*args, **kwargs):
         assert ray.get(ray.remote(lambda: os.getpid()).remote()) != os.getpid()   # a worker is up too
         time.sleep(2)                                                     # the agents open theirs
         processes = [psutil.Process(), *_ray_processes()]                 # the driver's core worker listens too
-        bound = [(p.name(), c.laddr.ip, c.laddr.port) for p in processes          # TCP listening, UDP bound
-                 for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN or not c.raddr]
+        bound.extend((p.name(), c.laddr.ip, c.laddr.port) for p in processes   # TCP listening, UDP bound
+                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN or not c.raddr)
+        return TRIALS
+
+    _sweep(tmp_path, monkeypatch, tune)
     assert {"gcs_server", "raylet"} <= {name for name, _, _ in bound}, bound
     assert [entry for entry in bound if not _loopback(entry[1])] == []
 
@@ -74,8 +89,6 @@ def test_local_ray_listens_on_loopback_only():
 @pytest.mark.parametrize("ending", ["returns", "fails"])
 def test_a_sweep_leaves_no_ray_process_and_no_temp_folder(ending, tmp_path, monkeypatch):
     import ray
-
-    from vlbert.study import sweep
     seen = {}
 
     def tune(*args, **kwargs):
@@ -84,17 +97,13 @@ def test_a_sweep_leaves_no_ray_process_and_no_temp_folder(ending, tmp_path, monk
         seen["folders"] = _temp_folders(os.getpid())
         if ending == "fails":
             raise RuntimeError("a trial went wrong")
-        return {"vqa": [{"lr": 1e-3, "best_val_accuracy": 50.0, "val_accuracy_by_epoch": [50.0], "error": None}]}
+        return TRIALS
 
-    monkeypatch.setattr(sweep, "_tune", tune)
-    preset = {"name": "t", "seed": 0, "sweep": {"lrs": [1e-3]}}
-    call = lambda: sweep.run_sweeps(preset, "no_pretrain", ["vqa"], tmp_path / "sweep", data_root=None,
-                                    features_dir=None, bert=None, detector=None, cores=1)
     if ending == "fails":
         with pytest.raises(RuntimeError, match="a trial went wrong"):
-            call()
+            _sweep(tmp_path, monkeypatch, tune)
     else:
-        assert call()["vqa"]["lr"] == 1e-3
+        assert _sweep(tmp_path, monkeypatch, tune)["vqa"]["lr"] == 1e-3
     assert {"gcs_server", "raylet"} <= set(seen["processes"].values())
     assert len(seen["folders"]) == 1
     assert _gone(seen["processes"]) and not seen["folders"][0].exists()
