@@ -49,20 +49,22 @@ def local_ray(cpus: int, gpus: float | None = 0):
     folder = tempfile.mkdtemp(prefix=f"{RAY_TEMP_PREFIX}{os.getpid()}-", dir="/tmp")
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
+    started = {}   # Ray's processes by PID, seen as children (an orphan, such as an agent, leaves that tree)
     saved = os.environ.get(RAY_CLUSTERS), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[RAY_CLUSTERS] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False   # this process's copy, read when Ray was imported
     try:
         ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                  _temp_dir=folder, log_to_driver=False, configure_logging=False)
+        started |= {p.pid: p for p in me.children(recursive=True) if p.pid not in before}
         if ray.util.get_node_ip_address() != "127.0.0.1":
             raise RuntimeError(f"the local Ray took {ray.util.get_node_ip_address()} as its address, so it would "
                                "listen on every interface; stopped (has Ray changed how it picks its address?)")
         yield folder
     finally:
-        started = [p for p in me.children(recursive=True) if p.pid not in before]
+        started |= {p.pid: p for p in me.children(recursive=True) if p.pid not in before}
         ray.shutdown()
-        _, alive = psutil.wait_procs(started, timeout=10)
+        _, alive = psutil.wait_procs(list(started.values()), timeout=10)
         for process in alive:
             try:
                 process.kill()
