@@ -514,12 +514,15 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp
     make_batch = lambda epoch, b: {"x": torch.ones(1, 2), "poison": epoch * 10 + b == 6}
 
     def loss_fn(model, batch):
-        loss = model.linear(batch["x"]).sum() * (math.nan if batch["poison"] else 1.0)
-        return loss, {}
+        mrc = model.linear(batch["x"]).sum() * (math.nan if batch["poison"] else 1.0)
+        mlm = torch.tensor(0.5)
+        return mlm + mrc, {"mlm": mlm, "mrc": mrc}
 
     loop = TrainingLoop(model, optimizer, scheduler, LoopConfig(2, 10, checkpoint_every=5), tmp_path, make_batch,
                         loss_fn, NullTracker(), progress=False)
-    with pytest.raises(FloatingPointError, match=r"non-finite loss \(nan\) at step 7 \(epoch 1, batch 7\).*checkpoint"):
+    # The message names the step and each of the setting's losses, so that the culprit shows.
+    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 7 \(epoch 1, batch 7\): "
+                                                 r"loss nan \(mlm 0\.5, mrc nan\).*checkpoint"):
         loop.fit()
     state = read_state(tmp_path / "checkpoint")
     assert state["position"] == {"epoch": 0, "batch": 5, "step": 5}

@@ -270,8 +270,11 @@ def _report(args) -> int:
     vcr_val = dataset_root(config, "vcr") / "val.jsonl"
     summary = write_report(uri, experiment, args.out, sweeps, vcr_val if vcr_val.is_file() else None,
                            detector_metrics=Path("results") / config["name"] / "detector" / "metrics.json")
+    for warning in summary["warnings"]:
+        print(f"vlbert report: warning: {warning}", file=sys.stderr)
+    no_data = f", {summary['findings_no_data']} without data" if summary["findings_no_data"] else ""
     print(f"report: {args.out} ({summary['finetune_runs']} fine-tuning runs; "
-          f"{summary['findings_agreeing']} of 6 findings agree with the paper)")
+          f"{summary['findings_agreeing']} of 6 findings agree with the paper{no_data})")
     return 0
 
 
@@ -375,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlbert", description="VL-BERT pre-training ablation study (ICLR 2020, Table 4).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show its traceback instead of one line (before the verb: vlbert --debug ...)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="<verb>")
 
     p = verbs.add_parser("make-data", help="write the synthetic world in the real data sets' formats",
@@ -520,7 +525,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error_line(exc: BaseException) -> str:
+    """The one line an expected failure prints: its message, flattened, with what kind of failure
+    it is where the message alone would not say (a library's bare "Ran out of input")."""
+    import pickle
+
+    from .data.safe_pickle import UnsafePickleError
+
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, EOFError):
+        return f"a file ends too early (truncated or empty?): {message}"
+    if isinstance(exc, pickle.UnpicklingError) and not isinstance(exc, UnsafePickleError):
+        return f"a pickle cannot be read (corrupt?): {message}"
+    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+        if exc.filename and str(exc.filename) not in message:
+            message += f": {exc.filename}"
+        return message if exc.errno else f"{type(exc).__name__}: {message}"
+    return message
+
+
 def main(argv=None) -> int:
+    import pickle
+
     from .config import ConfigError
     from .data.errors import DataFormatError
     from .io import FolderInUseError
@@ -532,9 +558,12 @@ def main(argv=None) -> int:
     from .engine.distributed import shutdown
     try:
         return args.func(args)
-    except (ConfigError, DataFormatError, FileNotFoundError, FolderInUseError, ValueError, TrackingStoreError,
-            ImportError) as exc:
-        print(f"vlbert {args.verb}: error: {exc}", file=sys.stderr)
+    except (ConfigError, DataFormatError, FolderInUseError, ValueError, TrackingStoreError, ImportError,
+            OSError, pickle.UnpicklingError, EOFError, FloatingPointError) as exc:
+        # Bad input, a broken file, a diverged run: the user's to fix, so one line, not a traceback.
+        if args.debug:
+            raise
+        print(f"vlbert {args.verb}: error: {_error_line(exc)}", file=sys.stderr)
         return 2
     finally:
         shutdown()  # leave a torchrun process group, if this process joined one

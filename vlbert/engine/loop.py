@@ -139,10 +139,13 @@ class TrainingLoop:
         with torch.autocast(self.device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
             loss, losses = self.loss_fn(self.model, batch)
         if not torch.isfinite(loss):
+            # Each of the setting's losses, so that the one that diverged shows.
             where = self.checkpoint_dir if latest_checkpoint(self.checkpoint_dir) else "none yet"
+            parts = ", ".join(f"{k} {v.item():.4g}" for k, v in losses.items())
             raise FloatingPointError(
-                f"non-finite loss ({loss.item()}) at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
-                f"batch {self.state.batch + 1}); the last good checkpoint is kept: {where}")
+                f"non-finite loss at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
+                f"batch {self.state.batch + 1}): loss {loss.item():.4g}" + (f" ({parts})" if parts else "")
+                + f"; the last good checkpoint is kept: {where}")
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.config.grad_clip:

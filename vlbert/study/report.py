@@ -74,10 +74,32 @@ def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def latest_finished(runs: pd.DataFrame, stage: str) -> pd.DataFrame:
-    """One run per (setting, task, seed): the latest finished one (re-runs replace older ones)."""
-    done = runs[(runs["stage"] == stage) & (runs["status"] == "FINISHED")]
-    return done.drop_duplicates(["setting", "task", "seed"], keep="first")   # search_runs is newest first
+# What a run of each stage must have logged for the report to use it.
+RESULT_COLUMNS = {"finetune": ["val_accuracy", "test_accuracy"], "pretrain": list(PRETRAINING_METRICS)}
+
+
+def _what(run) -> str:
+    """A run's place in the study: setting / task / seed (pre-training: the setting)."""
+    parts = [run["setting"], run["task"], f"seed {int(run['seed'])}" if pd.notna(run["seed"]) else None]
+    return " / ".join(str(p) for p in parts if pd.notna(p))
+
+
+def latest_results(runs: pd.DataFrame, stage: str) -> tuple[pd.DataFrame, list[str]]:
+    """One run per (setting, task, seed): the newest one with results, finished or not, so that
+    a re-run's figures never give way to an older run's; and, for the report to say, what that
+    choice rests on: a run that did not finish, or a newer run that left no results."""
+    staged = runs[runs["stage"] == stage]
+    keys = ["setting", "task", "seed"]
+    chosen = staged[staged[RESULT_COLUMNS[stage]].notna().any(axis=1)].drop_duplicates(keys)  # search_runs: newest first
+    notes = [f"{_what(run)}: run {run['run_id']} did not finish (status {run['status']}); its figures are used"
+             for _, run in chosen.iterrows() if run["status"] != "FINISHED"]
+    used = {_what(run): run["run_id"] for _, run in chosen.iterrows()}
+    for _, run in staged.drop_duplicates(keys).iterrows():
+        older = used.get(_what(run))
+        if older is not None and older != run["run_id"]:
+            notes.append(f"{_what(run)}: its newest run {run['run_id']} (status {run['status']}) has no results; "
+                         f"the figures come from the older run {older}")
+    return chosen, notes
 
 
 def vcr_labels(jsonl_path) -> dict:
@@ -116,24 +138,56 @@ def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
             values = finetunes[(finetunes["setting"] == setting) & (finetunes["task"] == task)][
                 f"{TABLE4_SPLIT[task]}_accuracy"].dropna()
             row[f"{task}_mean"] = values.mean() if len(values) else math.nan
-            row[f"{task}_std"] = values.std(ddof=1) if len(values) > 1 else (0.0 if len(values) else math.nan)
+            row[f"{task}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan   # one seed: no spread
             row[f"{task}_n"] = len(values)
         records.append(row)
     return pd.DataFrame(records).set_index("setting")
 
 
-def _cell(mean, std) -> str:
-    return "-" if math.isnan(mean) else f"{mean:.1f} ± {std:.1f}"
+MISSING = "—"
 
 
-def write_tables(table: pd.DataFrame, paper: dict, out: Path) -> None:
+def _cell(mean, std, n, seeds: int = 0) -> str:
+    """mean ± std over seeds; a cell without runs is MISSING, one with a single seed says n=1
+    (it has no spread, not a spread of 0), one with fewer seeds than the others says how many."""
+    if pd.isna(mean) or not n:
+        return MISSING
+    if n == 1:
+        return f"{mean:.1f} (n=1)"
+    return f"{mean:.1f} ± {std:.1f}" + (f" (n={int(n)})" if n < seeds else "")
+
+
+def _cells(table: pd.DataFrame, setting: str) -> list[str]:
+    seeds = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
+    return [_cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"], table.loc[setting, f"{t}_n"], seeds)
+            for t in TABLE4_TASKS]
+
+
+def table_warnings(table: pd.DataFrame) -> list[str]:
+    """What Table 4 lacks: settings without runs, cells without runs, cells on a single seed."""
+    counts = table[[f"{t}_n" for t in TABLE4_TASKS]]
+    empty = [s for s in SETTINGS if not counts.loc[s].any()]
+    warnings = [f"setting {s} has no fine-tuning runs: its Table 4 row is empty ({MISSING})" for s in empty]
+    missing = [f"{s} / {t}" for s in SETTINGS if s not in empty for t in TABLE4_TASKS if table.loc[s, f"{t}_n"] == 0]
+    if missing:
+        warnings.append(f"no run with results for {', '.join(missing)}: {MISSING} in Table 4")
+    single = [f"{s} / {t}" for s in SETTINGS for t in TABLE4_TASKS if table.loc[s, f"{t}_n"] == 1]
+    if single and len(single) == counts.astype(bool).to_numpy().sum():
+        warnings.append("every cell of Table 4 rests on a single seed: no seed spread (n=1)")
+    elif single:
+        warnings.append(f"a single seed, so no seed spread (n=1), for {', '.join(single)}")
+    return warnings
+
+
+def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] = ()) -> None:
+    """table4.{md,csv,tex}; `notes`: what the figures rest on (runs that did not finish), said below the table."""
     published = paper["ablation_table4"]
     marker = " †" if published["provenance"] == "recalled" else ""
     header = ["setting"] + [f"{TASK_TITLES[t]}" for t in TABLE4_TASKS] + [f"paper {t}{marker}" for t in TABLE4_TASKS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv_rows = []
     for setting in SETTINGS:
-        ours = [_cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"]) for t in TABLE4_TASKS]
+        ours = _cells(table, setting)
         theirs = [f"{v:.1f}" for v in published["rows"][setting]]
         lines.append("| " + " | ".join([setting] + ours + theirs) + " |")
         csv_rows.append({"setting": setting, **{f"{t}_{k}": table.loc[setting, f"{t}_{k}"] for t in TABLE4_TASKS
@@ -142,17 +196,23 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path) -> None:
     n = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
     note = (f"\nOurs: mean ± standard deviation over seeds (up to {n} per cell), accuracy in percent. "
             f"Paper: ICLR 2020 Table 4, VL-BERT_BASE.")
+    shown = " ".join(" ".join(_cells(table, s)) for s in SETTINGS)
+    if MISSING in shown:
+        note += f" {MISSING} no run with results for this setting and task."
+    if "(n=" in shown:
+        note += " (n=k): only k seeds, (n=1) a single one, which has no spread."
     if marker:
         note += (" † The paper's Table 4 numbers are recalled, not confirmed from the paper's text "
                  "(the seed documents show the table only as an image); its findings are stated in the text.")
+    if notes:
+        note += "\n\nNotes on the runs behind these figures:\n\n" + "\n".join(f"- {line}" for line in notes)
     io.write_text(out / "table4.md", "# Table 4: pre-training ablation\n\n" + "\n".join(lines) + "\n" + note + "\n")
     pd.DataFrame(csv_rows).to_csv(out / "table4.csv", index=False)
     tex = ["\\begin{tabular}{l" + "c" * (2 * len(TABLE4_TASKS)) + "}", "\\toprule",
            "setting & " + " & ".join(TASK_TITLES[t].replace(">", "$>$") for t in TABLE4_TASKS) + " & "
            + " & ".join(f"paper {i + 1}" for i in range(len(TABLE4_TASKS))) + " \\\\", "\\midrule"]
     for setting in SETTINGS:
-        ours = [_cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"]).replace("±", "$\\pm$")
-                for t in TABLE4_TASKS]
+        ours = [c.replace("±", "$\\pm$").replace(MISSING, "---") for c in _cells(table, setting)]
         tex.append(f"{setting.replace('_', chr(92) + '_')} & " + " & ".join(ours + [f"{v:.1f}" for v in published["rows"][setting]]) + " \\\\")
     tex += ["\\bottomrule", "\\end{tabular}"]
     io.write_text(out / "table4.tex", "\n".join(tex) + "\n")
@@ -160,29 +220,38 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path) -> None:
 
 def findings(table: pd.DataFrame, paper: dict) -> list[dict]:
     """Each of the paper's findings: our deltas per task, whether they agree in sign and whether
-    they exceed the seed spread (the larger of the two settings' standard deviations)."""
+    they exceed the seed spread (the larger of the two settings' standard deviations; none with a
+    single seed). The verdict: "does not agree" when a measured task says otherwise, "no data"
+    when a task or setting has no runs (a missing figure is not a disagreement), else "agrees"."""
     out = []
     for finding in paper["ablation_table4"]["findings"]:
         x, y = finding["compare"]
         sign = 1 if finding["sign"] == "+" else -1
         per_task = []
         for task in finding["tasks"]:
-            dx, dy = table.loc[x, f"{task}_mean"], table.loc[y, f"{task}_mean"]
-            spread = max(table.loc[x, f"{task}_std"], table.loc[y, f"{task}_std"])
-            delta = dx - dy
-            per_task.append({"task": task, "delta": delta, "spread": spread,
-                             "agrees": bool(not math.isnan(delta) and delta * sign > 0),
-                             "beyond_spread": bool(not math.isnan(delta) and abs(delta) > spread)})
-        measured = [t for t in per_task if not math.isnan(t["delta"])]
+            delta = table.loc[x, f"{task}_mean"] - table.loc[y, f"{task}_mean"]
+            spreads = (table.loc[x, f"{task}_std"], table.loc[y, f"{task}_std"])
+            spread = math.nan if any(map(math.isnan, spreads)) else max(spreads)   # one seed on a side: unknown
+            missing = [s for s in (x, y) if table.loc[s, f"{task}_n"] == 0]
+            per_task.append({"task": task, "delta": delta, "spread": spread, "missing": missing,
+                             "agrees": None if missing else bool(delta * sign > 0),
+                             "beyond_spread": None if missing or math.isnan(spread) else bool(abs(delta) > spread)})
+        measured = [t for t in per_task if t["agrees"] is not None]
         largest = finding.get("largest_on")
         largest_ok = None
-        if largest and measured:
+        if largest and measured and len(measured) == len(per_task):
             best = max(measured, key=lambda t: t["delta"])
             largest_ok = best["task"].startswith(largest)
+        if any(t["agrees"] is False for t in measured) or largest_ok is False:
+            verdict = "does not agree"
+        elif len(measured) < len(per_task):
+            verdict = "no data"
+        else:
+            verdict = "agrees"
         out.append({"id": finding["id"], "text": FINDING_TEXT.get(finding["id"], finding["id"]), "compare": [x, y],
-                    "sign": finding["sign"], "tasks": per_task,
-                    "agrees": bool(measured) and all(t["agrees"] for t in measured) and largest_ok is not False,
-                    "beyond_spread": bool(measured) and all(t["beyond_spread"] for t in measured),
+                    "sign": finding["sign"], "tasks": per_task, "verdict": verdict,
+                    "agrees": {"agrees": True, "does not agree": False}.get(verdict),
+                    "beyond_spread": bool(measured) and all(t["beyond_spread"] is True for t in measured),
                     "largest_on": largest, "largest_ok": largest_ok})
     return out
 
@@ -191,20 +260,30 @@ def write_findings(results: list[dict], out: Path) -> None:
     lines = ["# The paper's findings, checked on this run", "",
              "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* "
              "when larger than the larger of the two settings' seed standard deviations.", ""]
-    agree = sum(r["agrees"] for r in results)
-    separated = sum(any(t["beyond_spread"] for t in r["tasks"]) for r in results)
-    lines += [f"This run agrees with {agree} of {len(results)} findings; in {separated} of them at least one "
-              "task's delta is beyond the seed spread.", ""]
+    agree = sum(r["verdict"] == "agrees" for r in results)
+    no_data = sum(r["verdict"] == "no data" for r in results)
+    separated = sum(any(t["beyond_spread"] for t in r["tasks"]) for r in results if r["verdict"] == "agrees")
+    lines += [f"This run agrees with {agree} of {len(results)} findings"
+              + (f"; {no_data} have no data (a setting or task without runs)" if no_data else "")
+              + f". In {separated} of the agreeing ones at least one task's delta is beyond the seed spread.", ""]
     for r in results:
-        verdict = "agrees" if r["agrees"] else "does not agree"
-        lines.append(f"## {r['text']}: {verdict}")
+        lines.append(f"## {r['text']}: {r['verdict']}")
         lines.append("")
         lines.append("| task | delta | seed spread | sign as the paper's | beyond spread |")
         lines.append("|---|---|---|---|---|")
         for t in r["tasks"]:
-            lines.append(f"| {t['task']} | {t['delta']:+.2f} | {t['spread']:.2f} | "
-                         f"{'yes' if t['agrees'] else 'no'} | {'yes' if t['beyond_spread'] else 'no'} |")
-        if r["largest_on"]:
+            if t["agrees"] is None:
+                lines.append(f"| {t['task']} | no data | {MISSING} | {MISSING} | {MISSING} |")
+                continue
+            spread = "n/a (n=1)" if math.isnan(t["spread"]) else f"{t['spread']:.2f}"
+            beyond = "n/a" if t["beyond_spread"] is None else "yes" if t["beyond_spread"] else "no"
+            lines.append(f"| {t['task']} | {t['delta']:+.2f} | {spread} | {'yes' if t['agrees'] else 'no'} | {beyond} |")
+        gaps = [f"{t['task']} ({' and '.join(t['missing'])})" for t in r["tasks"] if t["missing"]]
+        if gaps:
+            measured = [t for t in r["tasks"] if t["agrees"] is not None]
+            agreeing = "; the measured tasks agree in sign" if measured and r["verdict"] == "no data" else ""
+            lines += ["", f"No runs with results for: {', '.join(gaps)}{agreeing}."]
+        if r["largest_on"] and r["largest_ok"] is not None:
             lines.append("")
             lines.append(f"The paper says the gain is largest on {r['largest_on'].upper()}: "
                          f"{'so it is here' if r['largest_ok'] else 'not so here'}.")
@@ -221,7 +300,7 @@ def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
     colours = plt.cm.viridis(np.linspace(0.1, 0.9, len(settings)))
     for k, task in enumerate(TABLE4_TASKS):
         means = [table.loc[s, f"{task}_mean"] for s in settings]
-        stds = [table.loc[s, f"{task}_std"] for s in settings]
+        stds = [0.0 if math.isnan(v) else v for v in (table.loc[s, f"{task}_std"] for s in settings)]  # n < 2: no bar
         axes[0, k].bar(settings, means, yerr=stds, color=colours, capsize=3)
         axes[0, k].set_title(f"ours: {TASK_TITLES[task]}")
         published = [paper["ablation_table4"]["rows"][s][k] for s in settings]
@@ -230,9 +309,9 @@ def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
         for row in (0, 1):
             values = [v for v in (means if row == 0 else published) if not math.isnan(v)]
             if values:
-                low = min(values) - 3 * (max(stds) if row == 0 and not all(math.isnan(s) for s in stds) else 1)
+                low = min(values) - 3 * (max(max(stds), 1e-9) if row == 0 else 1)
                 # The top leaves room for the error bars, which a large seed spread makes long.
-                tops = [m + (0 if math.isnan(s) else s) for m, s in zip(means, stds)] if row == 0 else values
+                tops = [m + s for m, s in zip(means, stds)] if row == 0 else values
                 axes[row, k].set_ylim(max(0, low), max(t for t in tops if not math.isnan(t)) + 2)
             axes[row, k].tick_params(axis="x", rotation=45)
     axes[0, 0].set_ylabel("accuracy (%)")
@@ -286,14 +365,15 @@ def figure_sweeps(sweep_files: list[Path], path: Path) -> None:
 
 
 def latest_pretraining(runs: pd.DataFrame) -> pd.DataFrame:
-    """The latest finished pre-training run of each setting, in the study's order."""
-    done = latest_finished(runs, "pretrain").set_index("setting")
+    """The latest pre-training run with results of each setting, in the study's order."""
+    done = latest_results(runs, "pretrain")[0].set_index("setting")
     return done.reindex([s for s in SETTINGS if s in done.index]).reset_index()
 
 
-def write_pretraining(runs: pd.DataFrame, out: Path) -> None:
+def write_pretraining(runs: pd.DataFrame, out: Path, notes: list[str] = ()) -> None:
     """pretraining.md: each setting's masked words right on the val captions, with their own image
-    and with another caption's, and the difference (how much the model reads the image)."""
+    and with another caption's, and the difference (how much the model reads the image). `notes`:
+    what the figures rest on (runs that did not finish)."""
     lines = ["| setting | masked words right (%) | with another caption's image (%) | visual clue gain (points) |",
              "|---|---|---|---|"]
     for _, run in latest_pretraining(runs).iterrows():
@@ -303,6 +383,8 @@ def write_pretraining(runs: pd.DataFrame, out: Path) -> None:
             "scored twice: with each caption's own image, and with the image of another caption that has as "
             "many regions. A gain near 0 means the model fills the masks from the words alone: whatever else "
             "pre-training taught it, it has not learnt to read the image.\n")
+    if notes:
+        note += "\nNotes on the runs behind these figures:\n\n" + "\n".join(f"- {line}" for line in notes) + "\n"
     grounding = ["## Per word kind", "",
                  "Per kind of word (colour, shape, size), every word of that kind in a val caption (up to the "
                  "first 300 captions) is masked at once and chosen among the kind's words only, with the caption's own "
@@ -458,23 +540,28 @@ def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), v
     if runs.empty:
         raise ValueError(f"MLflow experiment {experiment!r} has no runs yet")
     runs.sort_values(["stage", "setting", "task", "seed"], na_position="last").to_csv(out / "runs.csv", index=False)
-    finetunes = latest_finished(runs, "finetune")
+    finetunes, finetune_notes = latest_results(runs, "finetune")
+    pretrain_notes = latest_results(runs, "pretrain")[1]
     derived = (derive_q2ar(uri, finetunes, vcr_labels(vcr_val))
                if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]) else pd.DataFrame())
     table = table4(finetunes)
-    write_tables(table, paper, out)
+    write_tables(table, paper, out, finetune_notes)
     if not derived.empty:
         q2ar = derived.groupby("setting")["val_accuracy"].agg(["mean", "std", "count"]).reindex(list(SETTINGS))
         lines = ["| setting | VCR Q->AR (val) |", "|---|---|"]
-        lines += [f"| {s} | {_cell(r['mean'], r['std'] if not math.isnan(r['std']) else 0.0)} |" for s, r in q2ar.iterrows()]
+        lines += [f"| {s} | {_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |"
+                  for s, r in q2ar.iterrows()]
         io.write_text(out / "vcr_q2ar.md", "# VCR Q->AR, from each seed's Q->A and QA->R runs\n\n" + "\n".join(lines) + "\n")
     results = findings(table, paper)
     write_findings(results, out)
     figure_bars(table, paper, out / "figures" / "table4_bars.png")
     figure_heatmap(table, paper, out / "figures" / "delta_heatmap.png")
     figure_sweeps(list(sweep_files), out / "figures" / "lr_sweeps.png")
-    write_pretraining(runs, out)
+    write_pretraining(runs, out, pretrain_notes)
     figure_pretraining(uri, runs, out / "figures" / "pretraining_loss.png")
     figure_grounding(uri, runs, out / "figures" / "pretraining_grounding.png")
     write_detector(detector_metrics or Path("results") / out.name / "detector" / "metrics.json", out)
-    return {"runs": len(runs), "finetune_runs": len(finetunes), "findings_agreeing": sum(r["agrees"] for r in results)}
+    return {"runs": len(runs), "finetune_runs": len(finetunes),
+            "findings_agreeing": sum(r["verdict"] == "agrees" for r in results),
+            "findings_no_data": sum(r["verdict"] == "no data" for r in results),
+            "warnings": table_warnings(table) + finetune_notes + pretrain_notes}

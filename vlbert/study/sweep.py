@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import io
@@ -22,6 +23,82 @@ from ..tracking import NullTracker, make_tracker
 
 METRIC = "val_accuracy"
 FAULT_ONCE = "VLBERT_FAULT_ONCE"   # test hook: a trial crashes once if this file does not exist yet
+# A local Ray's temp folder: /tmp/ray-vlbert-<PID of the process that started it>-XXXXXXXX. Short,
+# as Ray's socket paths under it must stay within 107 bytes; the PID tells a dead sweep's folder.
+RAY_TEMP_PREFIX = "ray-vlbert-"
+# Ray takes 127.0.0.1 as the node's address, and so binds to it alone, only with multi-node
+# clusters off; every Ray process reads this as it starts.
+RAY_CLUSTERS = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextmanager
+def local_ray(cpus: int, gpus: float | None = 0):
+    """A Ray for this process alone, for the length of the block; yields its temp folder.
+
+    Its GCS, raylet, agents and workers listen on 127.0.0.1 only (Ray binds to every interface
+    unless the node's address is the loopback one), and whichever way the block ends (it returns,
+    raises, or SIGTERM, which Ray turns into SystemExit), no process of it is left and its temp
+    folder is removed. SIGKILL runs none of this: the kernel ends the GCS and raylet with this
+    process (their agents follow within a minute or so) and the next local Ray removes the folder.
+    """
+    import psutil
+    import ray
+    from ray._private import ray_constants
+
+    _remove_dead_ray_folders()
+    folder = tempfile.mkdtemp(prefix=f"{RAY_TEMP_PREFIX}{os.getpid()}-", dir="/tmp")
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    started = {}   # Ray's processes by PID, seen as children (an orphan, such as an agent, leaves that tree)
+    saved = os.environ.get(RAY_CLUSTERS), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[RAY_CLUSTERS] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False   # this process's copy, read when Ray was imported
+    try:
+        ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 _temp_dir=folder, log_to_driver=False, configure_logging=False)
+        started |= {p.pid: p for p in me.children(recursive=True) if p.pid not in before}
+        if ray.util.get_node_ip_address() != "127.0.0.1":
+            raise RuntimeError(f"the local Ray took {ray.util.get_node_ip_address()} as its address, so it would "
+                               "listen on every interface; stopped (has Ray changed how it picks its address?)")
+        yield folder
+    finally:
+        started |= {p.pid: p for p in me.children(recursive=True) if p.pid not in before}
+        ray.shutdown()
+        _, alive = psutil.wait_procs(list(started.values()), timeout=10)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        shutil.rmtree(folder, ignore_errors=True)
+        ray_constants.ENABLE_RAY_CLUSTER = saved[1]
+        if saved[0] is None:
+            os.environ.pop(RAY_CLUSTERS, None)
+        else:
+            os.environ[RAY_CLUSTERS] = saved[0]
+
+
+def _remove_dead_ray_folders() -> None:
+    """The temp folders of local Rays whose process is gone (killed by SIGKILL, so it could not)."""
+    import psutil
+
+    for folder in Path("/tmp").glob(f"{RAY_TEMP_PREFIX}*"):
+        pid = folder.name[len(RAY_TEMP_PREFIX):].split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def _cluster_ray(address: str):
+    """A Ray cluster of the user's (sweep.address): joined for the block, left as it was."""
+    import ray
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 class _TuneReporter:
@@ -128,23 +205,15 @@ def run_sweeps(preset: dict, setting_name: str, tasks: list[str], out, *, data_r
     trials of the same task only. Writes OUT/<task>/best.json per task and returns {task: summary}.
     `make_parent(task)` gives each task's MLflow parent run (a Tracker); trials log child runs.
     """
-    import ray
-
     out = Path(out).resolve()
     address = preset.get("sweep", {}).get("address")
     parents = {task: make_parent(task) if make_parent else NullTracker() for task in tasks}
     try:
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        else:  # a local Ray sized to this job; a short temp dir keeps its socket paths legal
-            ray.init(num_cpus=cores or os.cpu_count() or 1, num_gpus=0 if device == "cpu" else None,
-                     include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
-                     log_to_driver=False, configure_logging=False)
-        try:
+        # A local Ray is sized to this job.
+        with (_cluster_ray(address) if address else
+              local_ray(cores or os.cpu_count() or 1, 0 if device == "cpu" else None)):
             trials = _tune(preset, setting_name, tasks, out, parents, data_root=data_root, features_dir=features_dir,
                            bert=bert, detector=detector, pretrained=pretrained, device=device, cores=cores)
-        finally:
-            ray.shutdown()
         summaries = {task: _summarise(setting_name, task, trials[task], preset, out / task, parents[task])
                      for task in tasks}
     except BaseException:

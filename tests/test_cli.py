@@ -1,0 +1,97 @@
+"""The CLI's expected failures: one line on stderr and exit status 2, never a traceback;
+`vlbert --debug <verb>` shows the traceback instead."""
+
+import math
+import pickle
+
+import h5py
+import pytest
+import torch
+
+from vlbert import cli
+from vlbert.cli import main
+
+
+def _raise(exc):
+    def verb(args):
+        raise exc
+    return verb
+
+
+def _is_a_directory(tmp_path):
+    try:
+        open(tmp_path)
+    except IsADirectoryError as exc:
+        return exc
+
+
+def _corrupt_hdf5(tmp_path):
+    path = tmp_path / "store.h5"
+    path.write_bytes(b"not an HDF5 file" * 64)
+    try:
+        h5py.File(path, "r")
+    except OSError as exc:
+        return exc
+
+
+def _unpickling(data):
+    try:
+        pickle.loads(data)
+    except (pickle.UnpicklingError, EOFError) as exc:
+        return exc
+
+
+def _non_finite_loss(tmp_path):
+    """The training loop's own error on a NaN loss."""
+    from vlbert.engine.loop import LoopConfig, TrainingLoop
+    from vlbert.engine.optim import build_optimizer, build_scheduler
+    from vlbert.tracking import NullTracker
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = build_optimizer(model, {"lr": 0.1})
+    loss_fn = lambda model, batch: (model(batch["x"]).sum() * math.nan, {"mlm": torch.tensor(math.nan)})
+    loop = TrainingLoop(model, optimizer, build_scheduler(optimizer, {}, 2, 1), LoopConfig(1, 2), tmp_path,
+                        lambda epoch, b: {"x": torch.ones(1, 2)}, loss_fn, NullTracker(), progress=False)
+    try:
+        loop.fit()
+    except FloatingPointError as exc:
+        return exc
+
+
+# Each: the error as it arises, and what its one line must say.
+FAILURES = {
+    "permission denied": (lambda tmp: PermissionError(13, "Permission denied", str(tmp / "refs(unc).p")),
+                          "Permission denied: "),
+    "a directory for a file": (_is_a_directory, "Is a directory: "),
+    "corrupt HDF5 store": (_corrupt_hdf5, "file signature not found"),
+    "corrupt pickle": (lambda tmp: _unpickling(b"\x99junk"), "invalid load key"),
+    "truncated pickle": (lambda tmp: _unpickling(b""), "Ran out of input"),
+    "non-finite loss": (_non_finite_loss, "non-finite loss"),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_expected_failures_are_one_line_and_exit_2(failure, tmp_path, monkeypatch, capsys):
+    make, says = FAILURES[failure]
+    exc = make(tmp_path)
+    assert exc is not None
+    monkeypatch.setattr(cli, "_make_data", _raise(exc))
+    assert main(["make-data", "--config", "unused.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlbert make-data: error: ") and says in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_truncated_refs_pickle_is_one_line(refcoco_fixture, tmp_path, capsys):
+    refs = refcoco_fixture / "refs(unc).p"
+    refs.write_bytes(refs.read_bytes()[:40])
+    (tmp_path / "pred.json").write_text("[]")
+    assert main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(tmp_path / "pred.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vlbert evaluate: error: ") and err.count("\n") == 1
+
+
+def test_debug_shows_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "_make_data", _raise(_is_a_directory(tmp_path)))
+    with pytest.raises(IsADirectoryError):
+        main(["--debug", "make-data", "--config", "unused.yaml"])

@@ -1,0 +1,156 @@
+"""The sweeps' local Ray: it listens on 127.0.0.1 only, and a sweep, however it ends (returns,
+fails, SIGTERM, SIGKILL), leaves no Ray process and no temp folder of its Ray behind."""
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip.split("%")[0])
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
+def _ray_processes(me=None) -> dict:
+    """This process's descendants, by name: the local Ray it started (nothing else here spawns any)."""
+    found = {}
+    for process in (me or psutil.Process()).children(recursive=True):
+        try:
+            found[process] = process.name()
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _gone(processes, timeout=15.0) -> bool:
+    _, alive = psutil.wait_procs(list(processes), timeout=timeout)
+    return all(_dead(p) for p in alive)
+
+
+def _dead(process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _end(processes) -> None:
+    """Kill what a test's own Ray left (a failed assertion, a SIGKILL's orphaned agents)."""
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _temp_folders(pid: int) -> list[Path]:
+    return sorted(Path("/tmp").glob(f"ray-vlbert-{pid}-*"))
+
+
+def _sweep(tmp_path, monkeypatch, tune):
+    """run_sweeps as `vlbert sweep` calls it, its Ray Tune run replaced by `tune`."""
+    from vlbert.study import sweep
+    monkeypatch.setattr(sweep, "_tune", tune)
+    preset = {"name": "t", "seed": 0, "sweep": {"lrs": [1e-3]}}
+    return sweep.run_sweeps(preset, "no_pretrain", ["vqa"], tmp_path / "sweep", data_root=None, features_dir=None,
+                            bert=None, detector=None, cores=1)
+
+
+TRIALS = {"vqa": [{"lr": 1e-3, "best_val_accuracy": 50.0, "val_accuracy_by_epoch": [50.0], "error": None}]}
+
+
+def test_a_sweeps_ray_listens_on_loopback_only(tmp_path, monkeypatch):
+    # Seen: during a sweep, gcs_server, raylet and the workers listened on every interface.
+    import ray
+    bound = []
+
+    def tune(*args, **kwargs):
+        assert ray.get(ray.remote(lambda: os.getpid()).remote()) != os.getpid()   # a worker is up too
+        time.sleep(2)                                                     # the agents open theirs
+        processes = [psutil.Process(), *_ray_processes()]                 # the driver's core worker listens too
+        bound.extend((p.name(), c.laddr.ip, c.laddr.port) for p in processes   # TCP listening, UDP bound
+                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN or not c.raddr)
+        return TRIALS
+
+    _sweep(tmp_path, monkeypatch, tune)
+    assert {"gcs_server", "raylet"} <= {name for name, _, _ in bound}, bound
+    assert [entry for entry in bound if not _loopback(entry[1])] == []
+
+
+@pytest.mark.parametrize("ending", ["returns", "fails"])
+def test_a_sweep_leaves_no_ray_process_and_no_temp_folder(ending, tmp_path, monkeypatch):
+    import ray
+    seen = {}
+
+    def tune(*args, **kwargs):
+        ray.get(ray.remote(lambda: os.getpid()).remote())
+        seen["processes"] = _ray_processes()
+        seen["folders"] = _temp_folders(os.getpid())
+        if ending == "fails":
+            raise RuntimeError("a trial went wrong")
+        return TRIALS
+
+    if ending == "fails":
+        with pytest.raises(RuntimeError, match="a trial went wrong"):
+            _sweep(tmp_path, monkeypatch, tune)
+    else:
+        assert _sweep(tmp_path, monkeypatch, tune)["vqa"]["lr"] == 1e-3
+    assert {"gcs_server", "raylet"} <= set(seen["processes"].values())
+    assert len(seen["folders"]) == 1
+    assert _gone(seen["processes"]) and not seen["folders"][0].exists()
+
+
+HOLD_RAY = """
+import os, sys, time
+from vlbert.study.sweep import local_ray
+import ray
+with local_ray(cpus=1) as folder:
+    ray.get(ray.remote(lambda: os.getpid()).remote())
+    print(folder, flush=True)
+    time.sleep(300)
+"""
+
+
+def _held_ray():
+    """A process holding a local Ray as a sweep does; its Ray's processes and temp folder."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_RAY], stdout=subprocess.PIPE, text=True, env=env)
+    folder = Path(holder.stdout.readline().strip())
+    assert folder.is_dir(), "the holder did not start its Ray"
+    return holder, _ray_processes(psutil.Process(holder.pid)), folder
+
+
+def test_a_terminated_sweep_leaves_nothing_behind():
+    holder, processes, folder = _held_ray()
+    try:
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=60)
+        assert _gone(processes) and not folder.exists()
+    finally:
+        holder.kill()
+        _end(processes)
+
+
+def test_the_folder_of_a_killed_sweep_goes_with_the_next_one():
+    # SIGKILL runs no code of the sweep's: Ray's GCS and raylet die with it (the kernel sees to
+    # that), its folder stays until the next local Ray starts.
+    from vlbert.study.sweep import local_ray
+    holder, processes, folder = _held_ray()
+    holder.kill()
+    holder.wait()
+    try:
+        assert _gone([p for p, name in processes.items() if name in ("gcs_server", "raylet")])
+        assert folder.exists()
+        with local_ray(cpus=1):
+            assert not folder.exists()
+    finally:
+        _end(processes)
