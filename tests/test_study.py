@@ -152,3 +152,75 @@ def test_mlflow_server_serves_every_run_with_tags_metrics_and_checkpoint(smoke_r
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _training_jobs(snakemake) -> list:
+    """The study's running training jobs (`vlbert pretrain|sweep|finetune` under Snakemake)."""
+    import psutil
+    jobs = []
+    for process in psutil.Process(snakemake.pid).children(recursive=True):
+        try:
+            cmdline = process.cmdline()
+        except psutil.Error:
+            continue
+        if any(part.endswith("vlbert") for part in cmdline) and {"pretrain", "sweep", "finetune"} & set(cmdline):
+            jobs.append(process)
+    return jobs
+
+
+@pytest.mark.slow
+def test_a_study_killed_at_a_random_moment_finishes_with_the_same_table(smoke_run, tmp_path):
+    """SIGKILL to Snakemake at a random moment, then SIGKILL to one of its jobs (a training step in
+    the middle of its work); each time the same command (after --unlock) heals the study, and Table 4
+    is the uninterrupted run's to the digit."""
+    import os
+    import random
+    import signal
+
+    import psutil
+    seed = int(os.environ.get("VLBERT_KILL_SEED", random.randrange(1_000_000)))
+    rng = random.Random(seed)
+    print(f"kill moments drawn with VLBERT_KILL_SEED={seed}")
+    command = SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory", str(tmp_path)]
+
+    def start():
+        log = (tmp_path / "snakemake.log").open("a")
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=smoke_run["env"])
+
+    # 1. Snakemake itself, killed at a random moment; its jobs run on as orphans, as after `kill -9`.
+    snakemake = start()
+    time.sleep(rng.uniform(0.1, 0.7) * smoke_run["seconds"])
+    jobs = psutil.Process(snakemake.pid).children(recursive=True)
+    snakemake.send_signal(signal.SIGKILL)
+    snakemake.wait()
+    psutil.wait_procs(jobs, timeout=600)
+    subprocess.run(command + ["--unlock"], check=True, capture_output=True, env=smoke_run["env"])
+
+    # 2. One of its jobs, killed in the middle of its work: the first training job seen running.
+    snakemake = start()
+    victim = None
+    while victim is None and snakemake.poll() is None:
+        running = _training_jobs(snakemake)
+        if running:
+            time.sleep(rng.uniform(1, 5))
+            try:
+                family = [running[0]] + running[0].children(recursive=True)
+                running[0].send_signal(signal.SIGKILL)
+                victim = running[0]
+            except psutil.NoSuchProcess:   # it ended in the meantime: the next one
+                continue
+            for process in family[1:]:
+                try:
+                    process.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
+        time.sleep(0.5)
+    snakemake.wait(timeout=1200)
+    assert victim is not None, "the study ended before a training job could be killed"
+
+    # 3. The same command again finishes the study.
+    result = subprocess.run(command, capture_output=True, text=True, env=smoke_run["env"], timeout=1200)
+    assert result.returncode == 0, result.stderr[-5000:]
+    reference = smoke_run["dir"] / "reports" / "smoke" / "table4.csv"
+    healed = tmp_path / "reports" / "smoke" / "table4.csv"
+    assert healed.read_text() == reference.read_text(), f"VLBERT_KILL_SEED={seed}"
