@@ -47,6 +47,15 @@ def smoke_run(tmp_path_factory):
     return {"dir": workdir, "env": env, "seconds": time.time() - started}
 
 
+def test_no_file_the_dag_writes_is_committed():
+    """A fresh clone must run the study, not find it done: the committed reference reports live
+    outside every preset's results/ and reports/<preset>/ folders."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    presets = [yaml.safe_load(path.read_text())["name"] for path in (REPO / "experiments").glob("*.yaml")]
+    outputs = ["results/"] + [f"reports/{name}/" for name in presets]
+    assert presets and not [path for path in tracked if path.startswith(tuple(outputs))]
+
+
 @pytest.mark.slow
 def test_smoke_study_writes_the_report(smoke_run):
     report = smoke_run["dir"] / "reports" / "smoke"

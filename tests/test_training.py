@@ -375,6 +375,26 @@ def test_finetune_into_a_folder_of_another_rate_starts_afresh(smoke_study, tmp_p
     assert _metrics(tmp_path / "reused") == _metrics(tmp_path / "fresh")
 
 
+def test_continue_trial_resumes_only_a_trial_of_the_same_run(smoke_study, tmp_path, capsys):
+    # A sweep's trial made with another preset value is copied in, then refused by its identity.
+    sweep = tmp_path / "sweep" / "vcr_q2a"
+    (sweep / "best.json").parent.mkdir(parents=True)
+    (sweep / "best.json").write_text(json.dumps({"lr": 0.001, "seed": 0}))
+    preset = yaml.safe_load(smoke_study["preset"].read_text())
+    preset["finetune"]["vcr"]["batch_size"] += 1
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(preset))
+    trial = ["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "--lr", "0.001", "--seed", "0",
+             "--out", str(sweep / "trials" / "lr_0.001"), *study_args({**smoke_study, "preset": other})]
+    assert main(trial) == 0
+    capsys.readouterr()
+    seeds = ["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "--lr-from", str(sweep.parent),
+             "--continue-trial", "--seed", "0", "--out", str(tmp_path / "seed0"), *study_args(smoke_study)]
+    assert main(seeds) == 0
+    out = capsys.readouterr().out
+    assert "continuing the sweep's trial" in out and "not resuming" in out and "finetune.batch_size" in out
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
     preset = yaml.safe_load(smoke_study["preset"].read_text())
