@@ -180,12 +180,13 @@ def test_refcoco_empty_split_says_so(refcoco_fixture):
         RefCOCO(refcoco_fixture).expressions("val")
 
 
-def test_refcoco_ref_to_unknown_annotation(refcoco_fixture):
+@pytest.mark.parametrize("index, key, value", [(2, "ann_id", 99), (1, "image_id", 77)])
+def test_refcoco_ref_to_unknown_annotation_or_image(refcoco_fixture, index, key, value):
     from refcoco.refs import REFS
     refs = [dict(r) for r in REFS]
-    refs[2]["ann_id"] = 99
+    refs[index][key] = value
     (refcoco_fixture / "refs(unc).p").write_bytes(pickle.dumps(refs, protocol=2))
-    with pytest.raises(DataFormatError, match=r"refs\(unc\)\.p \[\[2\]\.ann_id\]: ann_id 99 is not in instances\.json"):
+    with pytest.raises(DataFormatError, match=rf"refs\(unc\)\.p \[\[{index}\]\.{key}\]: {key} {value} is not in instances\.json"):
         RefCOCO(refcoco_fixture)
 
 
@@ -340,12 +341,3 @@ def test_paths_inside_the_root_are_kept_as_written(tmp_path):
     from vlbert.data.errors import resolve_inside
     assert resolve_inside(tmp_path, "a/./b/../c.jpg", "f.tsv", 3) == tmp_path / "a/./b/../c.jpg"
     assert resolve_inside(tmp_path, "frames/1.jpg", "f.tsv", 3) == tmp_path / "frames/1.jpg"
-
-
-def test_refcoco_ref_to_unknown_image(refcoco_fixture):
-    from refcoco.refs import REFS
-    refs = [dict(r) for r in REFS]
-    refs[1]["image_id"] = 77
-    (refcoco_fixture / "refs(unc).p").write_bytes(pickle.dumps(refs, protocol=2))
-    with pytest.raises(DataFormatError, match=r"refs\(unc\)\.p \[\[1\]\.image_id\]: image_id 77 is not in instances\.json"):
-        RefCOCO(refcoco_fixture)
