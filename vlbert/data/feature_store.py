@@ -90,9 +90,9 @@ def merge_shards(shards: list[Path], out, attrs: dict) -> dict:
     return {"images": len(keys), "regions": int(counts.sum()), "skipped": len(skipped)}
 
 
-def _plain(value) -> str:
-    """An attribute as text: h5py gives numpy scalars and bytes back."""
-    return value.decode() if isinstance(value, bytes) else str(value.item() if hasattr(value, "item") else value)
+def plain_attr(value):
+    """An HDF5 attribute as a plain Python value: h5py gives numpy scalars and bytes back."""
+    return value.decode() if isinstance(value, bytes) else value.item() if hasattr(value, "item") else value
 
 
 class FeatureStore:
@@ -151,7 +151,7 @@ class FeatureStore:
             if key not in self.attrs:
                 raise DataFormatError(self.path, f"no {key!r} attribute: not a store written by `vlbert extract-rois`"
                                                  f" (expected a store of {describe(expect)})")
-        found = {key: _plain(self.attrs[key]) for key in expect}
+        found = {key: str(plain_attr(self.attrs[key])) for key in expect}
         if found != {key: str(value) for key, value in expect.items()}:
             raise DataFormatError(self.path, f"a store of {describe(found)}, but {describe(expect)} is expected here")
 

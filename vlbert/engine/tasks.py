@@ -45,7 +45,6 @@ class Task:
     processor: VLBertProcessor
     data_root: Path
     features_dir: Path
-    recompute: bool = False   # features from the images through the model's (tuned) Fast R-CNN
 
     model_class = None
     options_key = None        # the preset's finetune section for this task
@@ -72,7 +71,8 @@ class Task:
         return [features_path(self.features_dir, *store) for store in TASK_STORES[self.name]]
 
     def _visual(self, regions: list[Regions]):
-        return visual_batch(regions, with_images=self.recompute, cached=not self.recompute)
+        # Fast R-CNN stays frozen in fine-tuning: the stores hold its features (check_store_features).
+        return visual_batch(regions, with_images=False, cached=True)
 
 
 # ---- VQA -------------------------------------------------------------------------------------
@@ -278,9 +278,9 @@ TASK_CLASSES = {"vqa": VQATask, "vcr_q2a": VCRTask, "vcr_qa2r": VCRTask,
                 "refcoco_det": RefCOCOTask, "refcoco_gt": RefCOCOTask}
 
 
-def build_task(name: str, processor, data_root, features_dir, recompute: bool = False) -> Task:
+def build_task(name: str, processor, data_root, features_dir) -> Task:
     try:
         cls = TASK_CLASSES[name]
     except KeyError:
         raise ValueError(f"unknown task {name!r}; expected one of {', '.join(TASK_CLASSES)}") from None
-    return cls(name, processor, Path(data_root), Path(features_dir), recompute)
+    return cls(name, processor, Path(data_root), Path(features_dir))

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.errors import DataFormatError
-from ..data.feature_store import ARRAYS, FeatureStore, finish_shards, shard_paths, write_shard
+from ..data.feature_store import ARRAYS, FeatureStore, finish_shards, plain_attr, shard_paths, write_shard
 from ..detection.train import load_image
 from .checkpoint import file_identity
 
@@ -67,9 +67,7 @@ def tune_store(fast_rcnn, pretrained, source, image_paths: dict[str, Path], out,
         for result, tuned in zip(results, features):
             result.features = tuned.float().numpy()
         write_shard(shard, keys, results, [])
-    # h5py gives numpy scalars and bytes back; the merge writes plain values (or JSON).
-    attrs = {k: v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v
-             for k, v in store.attrs.items() if k not in ("skipped", "num_skipped", "num_images")}
+    attrs = {k: plain_attr(v) for k, v in store.attrs.items() if k not in ("skipped", "num_skipped", "num_images")}
     attrs[TUNED_BY], attrs[TUNED_BY_WEIGHTS] = str(pretrained.resolve()), weights_identity(pretrained)
     return finish_shards(shards, out, attrs)
 
@@ -96,14 +94,17 @@ def check_store_features(setting, store_paths, pretrained) -> None:
     very checkpoint (the same weights). Any other store would feed the model features it never
     saw, without a word: it is refused, naming both Fast R-CNNs."""
     wanted = Path(pretrained).resolve() if setting.tune_frcnn else None
+    wanted_weights = weights_identity(wanted) if wanted is not None else None   # hashed once, not per store
     for path in store_paths:
         with FeatureStore(path) as store:
             tuned_by, weights = (store.attrs.get(key) for key in (TUNED_BY, TUNED_BY_WEIGHTS))
         if tuned_by is None and wanted is None:
             continue
-        if tuned_by is not None and wanted is not None:
-            same_path = str(tuned_by) == str(wanted)
-            if str(weights) == weights_identity(wanted) if weights is not None else same_path:
+        same_path = tuned_by is not None and wanted is not None and str(tuned_by) == str(wanted)
+        if wanted is not None and tuned_by is not None:
+            # Stores that record the weights match by them (a copied checkpoint still matches);
+            # older ones by the checkpoint's path.
+            if (str(weights) == wanted_weights) if weights is not None else same_path:
                 continue
         found = DETECTOR_FEATURES if tuned_by is None else f"the tuned Fast R-CNN of {tuned_by}" + (
             " before it was pre-trained again" if wanted is not None and same_path else "")
