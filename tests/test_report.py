@@ -129,3 +129,19 @@ def test_the_report_says_when_it_used_a_run_that_did_not_finish(tmp_path, monkey
     assert "d / vqa / seed 0: its newest run" in err and "has no results" in err
     assert f"b: run {pretrained} did not finish (status FAILED)" in err
     assert f"run {pretrained} did not finish" in (report / "pretraining.md").read_text()
+
+
+def test_the_report_says_why_a_run_it_used_was_ended(tmp_path, monkeypatch, capsys):
+    # A killed run whose folder trained again without continuing it is ended KILLED with a note
+    # (vlbert.ended); when its figures are still the newest, the report says why it ended.
+    store = Store(tmp_path)
+    for setting in SCORES:
+        for task in TASKS:
+            store.run(setting, task, 0, SCORES[setting])
+    killed = store.run("a", "vqa", 1, 46.0, status="KILLED")
+    why = "not continued, as it stopped before its first checkpoint; results/run trains again in run 123"
+    store.client.set_tag(killed, "vlbert.ended", why)
+    store.run("a", "vqa", 1, None, status="FAILED")
+    report = _report(store, tmp_path, monkeypatch)
+    assert f"run {killed} did not finish (status KILLED: {why}); its figures are used" in capsys.readouterr().err
+    assert why in (report / "table4.md").read_text()

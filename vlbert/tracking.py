@@ -18,6 +18,12 @@ class TrackingStoreError(RuntimeError):
 
 
 class Tracker(Protocol):
+    def start(self, continue_run: str | None = None) -> str | None:
+        """Begin recording: into the earlier run `continue_run` where it can go on, so that a
+        resumed training's history stays in one run, else into a new run; the run's id."""
+    def abandon(self, run_id: str, why: str) -> None:
+        """An earlier run that will never go on (its training was killed and is not resumed):
+        ended as KILLED, saying why, unless it already ended."""
     def log_params(self, params: dict) -> None: ...
     def log_metrics(self, metrics: dict, step: int | None = None) -> None: ...
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
@@ -30,6 +36,10 @@ class NullTracker:
 
     run_id = None
 
+    def start(self, continue_run=None):
+        return continue_run   # a resumed training still belongs to the run it was recorded in
+
+    def abandon(self, run_id, why): pass
     def log_params(self, params): pass
     def log_metrics(self, metrics, step=None): pass
     def log_artifact(self, path, artifact_path=None): pass
@@ -72,6 +82,12 @@ def _flatten(params: dict, prefix: str = "") -> dict:
 
 
 class MLflowTracker:
+    """A run in an MLflow store, created at the first record that needs it, not before: the
+    training loop decides whether a resumed training continues its earlier run (`start`). Params
+    and tags given before then wait for the run."""
+
+    ENDED_TAG = "vlbert.ended"   # why a run was ended from outside (KILLED by `abandon`)
+
     def __init__(self, uri: str, experiment: str, run_name: str, tags: dict,
                  parent_run_id: str | None = None, system_metrics: bool = True):
         from mlflow.tracking import MlflowClient
@@ -79,27 +95,81 @@ class MLflowTracker:
         self.client = MlflowClient(tracking_uri=uri)
         try:
             found = self.client.get_experiment_by_name(experiment)
-            experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         except Exception as exc:  # the store's own errors vary by backend; all mean "unreachable"
             raise TrackingStoreError(f"MLflow tracking store {uri!r} cannot be reached: {exc}") from exc
         tags = {"git_commit": git_commit(), **tags}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
-        self.run = self.client.create_run(experiment_id, run_name=run_name,
-                                          tags={k: str(v) for k, v in tags.items()})
-        self.run_id = self.run.info.run_id
+        self.uri, self.run_name, self.system_metrics = uri, run_name, system_metrics
+        self.run_tags = {k: str(v) for k, v in tags.items()}
+        self._run_id = None
+        self._params, self._tags = {}, {}   # given before the run started
+        self._kept = set()                  # params the continued run holds already
         self._system = None
-        if system_metrics:
+
+    @property
+    def run_id(self) -> str:
+        """The run recorded into; asking for it starts a new one if none is yet."""
+        return self._run_id if self._run_id is not None else self.start()
+
+    def start(self, continue_run: str | None = None) -> str:
+        if self._run_id is not None:
+            return self._run_id
+        run = self._continuable(continue_run) if continue_run else None
+        if run is not None:
+            # MLflow's params cannot change: those the run holds keep their first value (a path
+            # given another way, say; what the training depends on is the same, as the
+            # checkpoint's identity says), the continuation adds the others. Tags say who
+            # continues it: its commit, and the sweep run of a trial a re-run sweep continues.
+            self.client.update_run(continue_run, status="RUNNING")
+            self._run_id, self._kept = continue_run, set(run.data.params)
+            self._tags = self.run_tags | self._tags
+        else:
+            if continue_run:
+                print(f"MLflow run {continue_run} cannot be continued (not in experiment {self.experiment_id} "
+                      f"of {self.uri}): recording into a new run")
+            self._run_id = self.client.create_run(self.experiment_id, run_name=self.run_name,
+                                                  tags=self.run_tags).info.run_id
+        self._log_params(self._params)
+        self.set_tags(self._tags)
+        self._params, self._tags = {}, {}
+        if self.system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
             # CPU, memory, disk, network (and GPU where there is one), every 10 s, as system/*.
-            self._system = SystemMetricsMonitor(self.run_id, sampling_interval=10, tracking_uri=uri)
+            self._system = SystemMetricsMonitor(self._run_id, sampling_interval=10, tracking_uri=self.uri)
             self._system.start()
+        return self._run_id
+
+    def _continuable(self, run_id: str):
+        """The run `run_id` if this store's experiment holds it, not deleted; else None."""
+        from mlflow.exceptions import MlflowException
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            return None
+        ours = run.info.experiment_id == self.experiment_id and run.info.lifecycle_stage == "active"
+        return run if ours else None
+
+    def abandon(self, run_id: str, why: str) -> None:
+        run = self._continuable(run_id)
+        if run is None or run.info.status not in ("RUNNING", "SCHEDULED"):
+            return
+        self.client.set_tag(run_id, self.ENDED_TAG, why)
+        self.client.set_terminated(run_id, status="KILLED")
+        print(f"MLflow run {run_id} marked KILLED: {why}")
 
     def log_params(self, params: dict) -> None:
+        if self._run_id is None:
+            self._params.update(_flatten(params))
+        else:
+            self._log_params(_flatten(params))
+
+    def _log_params(self, flat: dict) -> None:
         from mlflow.entities import Param
-        items = [Param(k, str(v)[:6000]) for k, v in _flatten(params).items()]
+        items = [Param(k, str(v)[:6000]) for k, v in flat.items() if k not in self._kept]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[start:start + 100])
+            self.client.log_batch(self._run_id, params=items[start:start + 100])
 
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
         import time
@@ -116,13 +186,17 @@ class MLflowTracker:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def set_tags(self, tags: dict) -> None:
+        if self._run_id is None:
+            self._tags.update({k: str(v) for k, v in tags.items()})
+            return
         for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, str(value))
+            self.client.set_tag(self._run_id, key, str(value))
 
     def close(self, status: str = "FINISHED") -> None:
+        run_id = self.run_id   # a command that failed before recording anything still leaves its run
         if self._system is not None:
             self._system.finish()
-        self.client.set_terminated(self.run_id, status=status)
+        self.client.set_terminated(run_id, status=status)
 
 
 def make_tracker(config: dict, run_name: str, tags: dict, enabled: bool = True,

@@ -8,11 +8,18 @@ checkpoint is resumed only by the run that made it (its `identity`: preset value
 inputs); any other run starts afresh and says why in one line. A finished run re-run writes its
 best weights again if they are gone.
 
+The tracker's run follows the training: `tracking.json` names the folder's last run and what it
+trained (a digest of the identity). A resumed checkpoint of that training continues that run, so
+that one run holds the whole history; a run whose training is not resumed is ended as killed,
+saying why.
+
 Under torchrun each process takes every world_size-th batch and DDP averages the gradients.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import shutil
 import time
@@ -25,10 +32,13 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from .. import io
 from .checkpoint import (checkpoint_identity, discard_checkpoint, identity_differences, latest_checkpoint,
                          load_training_state, normalise_identity, read_state, save_checkpoint)
 from .device import move_to
 from .distributed import is_main_process, rank, unwrap, world_size
+
+TRACKING_FILE = "tracking.json"   # the tracker's run that last trained in the folder, and what it trained
 
 
 @dataclass
@@ -69,6 +79,7 @@ class TrainingLoop:
         self.checkpoint_dir = self.out_dir / "checkpoint"
         self.best_dir = self.out_dir / "best"
         self.state = LoopState()
+        self.not_resumed = None   # why the training starts from the beginning, when it does
         if config.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {config.precision!r}")
         self.device = next(model.parameters()).device
@@ -103,10 +114,12 @@ class TrainingLoop:
     def resume(self) -> bool:
         found = latest_checkpoint(self.checkpoint_dir)
         if found is None:
+            self.not_resumed = "it stopped before its first checkpoint"
             return False
         saved = read_state(found)
         reason = self._stale(found, saved)
         if reason is not None:
+            self.not_resumed = f"its checkpoint was not resumed: {reason}"
             if is_main_process():
                 print(f"not resuming {self.checkpoint_dir}: {reason}; starting afresh")
                 discard_checkpoint(self.checkpoint_dir)
@@ -118,6 +131,26 @@ class TrainingLoop:
         self.state = LoopState(**loaded["position"], best_metric=extra["best_metric"],
                                best_epoch=extra["best_epoch"], history=extra["history"])
         return True
+
+    def _start_tracking(self, resumed: bool) -> None:
+        """Continue the folder's last run if the checkpoint resumed is of its training (one copied
+        from a sweep trial into a folder that trained another rate is not); else end that run,
+        which will never go on, and start a new one."""
+        record = self.out_dir / TRACKING_FILE
+        last = json.loads(record.read_text()) if record.is_file() else {"run_id": None}
+        trains = hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()
+        continuing = resumed and last["run_id"] is not None and last["identity"] == trains
+        run_id = self.tracker.start(continue_run=last["run_id"] if continuing else None)
+        if continuing and run_id == last["run_id"]:
+            self.tracker.set_tags({"vlbert.resumed_at_step": self.state.step})
+            return
+        if last["run_id"] is not None:
+            why = (self.not_resumed if not resumed else "it could not be reopened" if continuing
+                   else "the checkpoint resumed is another training's")
+            self.tracker.abandon(last["run_id"], f"not continued, as {why}; {self.out_dir} trains again "
+                                                 f"in run {run_id}")
+        if run_id is not None:
+            io.write_json(record, {"run_id": run_id, "identity": trains})
 
     def save(self) -> None:
         if is_main_process():
@@ -161,6 +194,8 @@ class TrainingLoop:
         resumed = self.resume()
         if resumed and is_main_process():
             print(f"resuming from {self.checkpoint_dir}: epoch {self.state.epoch + 1}, batch {self.state.batch}")
+        if is_main_process():
+            self._start_tracking(resumed)
         mine = self._batch_indices()
         with ThreadPoolExecutor(max_workers=1) as loader:
             while self.state.epoch < self.config.epochs:

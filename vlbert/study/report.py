@@ -66,6 +66,7 @@ def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
                      "seed": int(tags["seed"]) if tags.get("seed") not in (None, "") else None,
                      "lr": float(tags["lr"]) if tags.get("lr") not in (None, "") else None,
                      "parent_run_id": tags.get("mlflow.parentRunId"), "git_commit": tags.get("git_commit"),
+                     "ended": tags.get("vlbert.ended"),   # why a run was ended from outside (killed, not continued)
                      "val_accuracy": metrics.get("final_val_accuracy"),
                      "test_accuracy": metrics.get("final_test_accuracy"),
                      "best_epoch": metrics.get("best_epoch"), "artifact_uri": run.info.artifact_uri,
@@ -91,7 +92,8 @@ def latest_results(runs: pd.DataFrame, stage: str) -> tuple[pd.DataFrame, list[s
     staged = runs[runs["stage"] == stage]
     keys = ["setting", "task", "seed"]
     chosen = staged[staged[RESULT_COLUMNS[stage]].notna().any(axis=1)].drop_duplicates(keys)  # search_runs: newest first
-    notes = [f"{_what(run)}: run {run['run_id']} did not finish (status {run['status']}); its figures are used"
+    notes = [f"{_what(run)}: run {run['run_id']} did not finish (status {run['status']}"
+             + (f": {run['ended']}" if isinstance(run.get("ended"), str) else "") + "); its figures are used"
              for _, run in chosen.iterrows() if run["status"] != "FINISHED"]
     used = {_what(run): run["run_id"] for _, run in chosen.iterrows()}
     for _, run in staged.drop_duplicates(keys).iterrows():
