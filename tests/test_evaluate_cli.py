@@ -16,10 +16,35 @@ def test_evaluate_vqa(tmp_path, capsys):
     assert main(["evaluate", "vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
                  "--annotations", str(root / "v2_mscoco_val2014_annotations.json"),
                  "--predictions", str(root / "predictions.json"), "--out", str(out)]) == 0
-    # "Maroon" -> 0.6 (see test_vqa_eval), "two" -> "2" -> 1.0, "yes!" -> "yes" -> 1.0
-    assert "VQA accuracy: 86.67" in capsys.readouterr().out
+    # The current official script gives the same (run outside the repository): "Maroon" against
+    # red x7, maroon x2, orange -> 0.6; "two" against disagreeing humans (2 and 3 and 1) -> "2" -> 1.0;
+    # "yes!" against ten "yes" -> not normalised -> 0 (the 2016 logic made it 1.0, and 86.67 overall).
+    assert "VQA accuracy: 53.33" in capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["perAnswerType"] == {"number": 100.0, "other": 60.0, "yes/no": 100.0}
+    assert result["perAnswerType"] == {"number": 100.0, "other": 60.0, "yes/no": 0.0}
+    assert result["perQuestionType"] == {"how many": 100.0, "is the man": 0.0, "what color is the": 60.0}
+
+
+def _vqa_arguments(predictions):
+    root = FIXTURES / "vqa"
+    return ["evaluate", "vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
+            "--annotations", str(root / "v2_mscoco_val2014_annotations.json"), "--predictions", str(predictions)]
+
+
+@pytest.mark.parametrize("question_ids, error", [
+    ([420, 421], "pred.json: no prediction for 1 of the 3 question_ids (730): predictions must cover exactly"),
+    ([420, 421, 730, 999, 1000], "pred.json: predictions for 2 question_ids that are not annotated (999, 1000): "),
+    ([420, 5, 6, 7, 8, 9, 10],
+     "pred.json: no prediction for 2 of the 3 question_ids (421, 730); predictions for 6 question_ids that are not "
+     "annotated (5, 6, 7, 8, 9, ...): predictions must cover exactly the annotated question_ids"),
+])
+def test_vqa_predictions_for_other_questions_are_refused(tmp_path, capsys, question_ids, error):
+    """As the official loadRes: results must answer exactly the annotated questions."""
+    path = tmp_path / "pred.json"
+    path.write_text(json.dumps([{"question_id": q, "answer": "red"} for q in question_ids]))
+    assert main(_vqa_arguments(path)) == 2
+    err = capsys.readouterr().err
+    assert error in err and len(err.strip().splitlines()) == 1
 
 
 def test_evaluate_vcr(capsys):

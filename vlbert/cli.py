@@ -293,7 +293,7 @@ def _evaluate_vqa(args) -> int:
     asked = {q["question_id"] for q in questions}
     annotations = {q: a for q, a in annotations.items() if q in asked}
     predictions = _predictions(args.predictions, "question_id", "answer")
-    result = vqa_accuracy(annotations, predictions)
+    result = vqa_accuracy(annotations, predictions, source=args.predictions)
     print(f"VQA accuracy: {result['overall']:.2f}  "
           + "  ".join(f"{k}: {v:.2f}" for k, v in result["perAnswerType"].items()))
     _write_result(result, args.out)

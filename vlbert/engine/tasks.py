@@ -133,9 +133,7 @@ class VQATask(Task):
 
     def score(self, predictions, split):
         from ..evaluation.vqa_eval import vqa_accuracy
-        annotations = self.annotations(split)
-        result = vqa_accuracy({p["question_id"]: annotations[p["question_id"]] for p in predictions},
-                              {p["question_id"]: p["answer"] for p in predictions})
+        result = vqa_accuracy(self.annotations(split), {p["question_id"]: p["answer"] for p in predictions})
         return {"accuracy": result["overall"], **{f"accuracy_{k}": v for k, v in result["perAnswerType"].items()}}
 
 
