@@ -78,6 +78,45 @@ def test_evaluate_refcoco(refcoco_fixture, tmp_path, capsys):
     assert "testA: 66.67  testB: 0.00" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("convention, printed", [
+    (None, "RefCOCO+ accuracy (IoU >= 0.5, continuous): testA: 33.33"),
+    ("continuous", "RefCOCO+ accuracy (IoU >= 0.5, continuous): testA: 33.33"),
+    ("plus-one", "RefCOCO+ accuracy (IoU >= 0.5, plus-one): testA: 66.67"),
+])
+def test_refcoco_iou_convention(refcoco_fixture, tmp_path, capsys, convention, printed):
+    # Sent 0's box (h 128) shifted down by 42.8: continuous IoU (128 - 42.8) / (128 + 42.8) = 0.4988,
+    # a miss; counting one pixel more a side (VL-BERT's code), (129 - 42.8) / (129 + 42.8) = 0.5017, a hit.
+    path = tmp_path / "pred.json"
+    path.write_text(json.dumps([{"sent_id": 0, "bbox": [103.93, 299.99 + 42.8, 134.22, 128.0]},
+                                {"sent_id": 1, "bbox": [103.93, 299.99, 134.22, 64.0]},    # 0.5 and 0.504: hits
+                                {"sent_id": 2, "bbox": [300.0, 100.0, 100.0, 90.0]}]))     # 0.45 and 0.453: misses
+    assert main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(path),
+                 *(["--iou-convention", convention] if convention else [])]) == 0
+    assert printed in capsys.readouterr().out
+
+
+def test_refcoco_predictions_for_part_of_a_split_are_refused(refcoco_fixture, tmp_path, capsys):
+    path = tmp_path / "pred.json"
+    path.write_text(json.dumps([{"sent_id": s, "bbox": [0, 0, 1, 1]} for s in (0, 2, 3, 17)]))
+    assert main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(path)]) == 2
+    assert ("pred.json: no prediction for 1 of the 4 sent_ids (1); predictions for 1 sent_ids that are not annotated "
+            "(17): predictions must cover exactly the annotated sent_ids") in capsys.readouterr().err
+
+
+def test_box_iou_conventions():
+    from vlbert.evaluation.refcoco_eval import box_iou
+    for convention in ("continuous", "plus-one"):
+        assert box_iou([5, 5, 10, 20], [5, 5, 10, 20], convention) == pytest.approx(1.0)
+    # Boxes that touch: no overlap, or a one-pixel-wide column of 11 pixels out of 2 x 121 - 11.
+    assert box_iou([0, 0, 10, 10], [10, 0, 10, 10]) == 0.0
+    assert box_iou([0, 0, 10, 10], [10, 0, 10, 10], "plus-one") == pytest.approx(11 / 231)
+    assert box_iou([0, 0, 10, 10], [30, 30, 5, 5], "plus-one") == 0.0
+    assert box_iou([0, 0, 10, 10], [5, 0, 10, 10]) == pytest.approx(50 / 150)
+    assert box_iou([0, 0, 10, 10], [5, 0, 10, 10], "plus-one") == pytest.approx(66 / 176)
+    with pytest.raises(ValueError, match="unknown IoU convention 'vlbert'"):
+        box_iou([0, 0, 1, 1], [0, 0, 1, 1], "vlbert")
+
+
 def test_bad_predictions_name_the_key(tmp_path, capsys):
     path = tmp_path / "pred.json"
     path.write_text(json.dumps([{"question_id": 420, "answer": "red"}, {"question_id": 421}]))

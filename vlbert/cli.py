@@ -327,8 +327,8 @@ def _evaluate_refcoco(args) -> int:
     expressions = [e for split in SPLITS if any(r["split"] == split for r in dataset.refs)
                    for e in dataset.expressions(split)]
     predictions = _predictions(args.predictions, "sent_id", "bbox")
-    result = refcoco_accuracy(expressions, predictions)
-    print("RefCOCO+ accuracy (IoU >= 0.5): " + "  ".join(
+    result = refcoco_accuracy(expressions, predictions, iou_convention=args.iou_convention, source=args.predictions)
+    print(f"RefCOCO+ accuracy (IoU >= 0.5, {args.iou_convention}): " + "  ".join(
         f"{k}: {v:.2f}" for k, v in result.items() if k != "n_expressions"))
     _write_result(result, args.out)
     return 0
@@ -498,11 +498,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweeps", help="folder of <setting>/<task>/best.json (default: results/<preset>/sweep)")
     p.set_defaults(func=_report)
 
+    from .evaluation.refcoco_eval import IOU_CONVENTIONS
+
     p = verbs.add_parser("evaluate", help="score predictions with the official metrics",
-                         description="Score predictions in the official result formats.")
+                         description="Score prediction files with the official metrics (README: which official "
+                                     "version each follows). Predictions must cover exactly the annotated questions.")
     tasks = p.add_subparsers(dest="task", required=True, metavar="<task>")
-    q = tasks.add_parser("vqa", help="VQA accuracy (official soft accuracy)",
-                         description='Predictions: [{"question_id": ..., "answer": ...}].')
+    q = tasks.add_parser("vqa", help="VQA accuracy (the current official script's)",
+                         description='Predictions in the official results format, '
+                                     '[{"question_id": ..., "answer": ...}], one per annotated question.')
     q.add_argument("--questions", required=True, help="v2_OpenEnded_mscoco_<split>_questions.json")
     q.add_argument("--annotations", required=True, help="v2_mscoco_<split>_annotations.json")
     q.set_defaults(func=_evaluate_vqa)
@@ -512,8 +516,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--annotations", required=True, help="VCR <split>.jsonl with labels")
     q.set_defaults(func=_evaluate_vcr)
     q = tasks.add_parser("refcoco", help="RefCOCO+ accuracy at IoU >= 0.5, per split",
-                         description='Predictions: [{"sent_id": ..., "bbox": [x, y, w, h]}].')
+                         description='Predictions: the project\'s JSON, [{"sent_id": ..., "bbox": [x, y, w, h]}].')
     q.add_argument("--root", required=True, help="folder with refs(unc).p and instances.json")
+    q.add_argument("--iou-convention", choices=IOU_CONVENTIONS, default="continuous",
+                   help="continuous: a box's area is w * h (COCO, pycocotools); plus-one: each side counts one pixel "
+                        "more, width x2 - x1 + 1 (the released VL-BERT code's evaluation)")
     q.set_defaults(func=_evaluate_refcoco)
     for name, q in tasks.choices.items():
         if name == "vcr":
