@@ -65,6 +65,55 @@ def test_evaluate_vcr_q2ar_from_a_pair_of_runs(tmp_path, capsys):
     assert "q2a: 100.00  qa2r: 50.00  q2ar: 50.00" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("records, error", [
+    # 50 of 200 used to be scored as if they were all, n_questions 200.
+    ([{"annot_id": "val-0", "answer": 0, "rationale": 1}],
+     "q2a.json: no prediction for 1 of the 2 annot_ids ('val-1'): predictions must cover exactly"),
+    ([{"annot_id": a, "answer": 0} for a in ("val-0", "val-1", "val-7")],
+     "q2a.json: predictions for 1 annot_ids that are not annotated ('val-7')"),
+    ([{"annot_id": "val-0", "answer": 0, "rationale": 1}, {"annot_id": "val-1", "answer": 2}],
+     "q2a.json: rationale: given for 1 of the 2 questions, not for annot_id 'val-1' and 0 more"),
+])
+def test_vcr_predictions_for_other_questions_are_refused(tmp_path, capsys, records, error):
+    path = tmp_path / "q2a.json"
+    path.write_text(json.dumps(records))
+    assert main(["evaluate", "vcr", "--annotations", str(FIXTURES / "vcr/val.jsonl"), "--predictions", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert error in err and len(err.strip().splitlines()) == 1
+
+
+def test_each_file_of_a_pair_must_cover_the_split(tmp_path, capsys):
+    # Together they would cover both questions; each file alone does not.
+    (tmp_path / "q2a.json").write_text(json.dumps([{"annot_id": "val-0", "answer": 0},
+                                                   {"annot_id": "val-1", "answer": 2}]))
+    (tmp_path / "qa2r.json").write_text(json.dumps([{"annot_id": "val-1", "rationale": 0}]))
+    assert main(["evaluate", "vcr", "--annotations", str(FIXTURES / "vcr/val.jsonl"),
+                 "--predictions", str(tmp_path / "q2a.json"), str(tmp_path / "qa2r.json")]) == 2
+    assert "qa2r.json: no prediction for 1 of the 2 annot_ids ('val-0')" in capsys.readouterr().err
+
+
+def test_a_leaderboard_csv_is_scored_as_the_leaderboard_scores_it(tmp_path, capsys):
+    """Q->A: the argmax of the answer scores; QA->R: the argmax of the rationale scores after the
+    right answer (val-0's is answer 0, val-1's answer 2: see the fixture's labels)."""
+    from vlbert.evaluation.vcr_eval import LEADERBOARD_COLUMNS, write_leaderboard_csv
+    after_wrong = [0.0, 0.0, 0.0, 1.0]   # a rationale no label picks, after every wrong answer
+    answers = {"val-0": [0.7, 0.1, 0.1, 0.1], "val-1": [0.1, 0.6, 0.2, 0.1]}   # val-1's answer is wrong
+    rationales = {"val-0": [[0.1, 0.1, 0.8, 0.0]] + [after_wrong] * 3,         # after the right answer: 2
+                  "val-1": [after_wrong] * 2 + [[0.9, 0.1, 0.0, 0.0]] + [after_wrong]}
+    path = write_leaderboard_csv(tmp_path / "submission.csv", ["val-0", "val-1"], answers, rationales)
+    lines = path.read_text().splitlines()
+    assert lines[0].split(",") == LEADERBOARD_COLUMNS
+    assert lines[0].startswith("annot_id,answer_0,answer_1,answer_2,answer_3,rationale_conditioned_on_a0_0,")
+    assert lines[0].endswith(",rationale_conditioned_on_a3_2,rationale_conditioned_on_a3_3")
+    assert lines[1] == "val-0,0.7,0.1,0.1,0.1,0.1,0.1,0.8,0.0" + ",0.0,0.0,0.0,1.0" * 3
+    # val-0: answer 0 right, the rationale after it (2) wrong; val-1: answer 1 wrong, the rationale
+    # after its right answer 2 (0) right. Q->AR: neither.
+    labels = [json.loads(line) for line in (FIXTURES / "vcr/val.jsonl").read_text().splitlines() if line]
+    assert [(r["answer_label"], r["rationale_label"]) for r in labels] == [(0, 0), (2, 0)]
+    assert main(["evaluate", "vcr", "--annotations", str(FIXTURES / "vcr/val.jsonl"), "--predictions", str(path)]) == 0
+    assert "q2a: 50.00  qa2r: 50.00  q2ar: 0.00" in capsys.readouterr().out
+
+
 def test_evaluate_refcoco(refcoco_fixture, tmp_path, capsys):
     predictions = [
         {"sent_id": 0, "bbox": [103.93, 299.99, 134.22, 128.0]},   # exact: IoU 1
@@ -134,7 +183,7 @@ def test_make_data_cli_on_a_bad_preset(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("verb", [[], ["make-data"], ["evaluate"], ["evaluate", "vqa"], ["evaluate", "vcr"],
-                                  ["evaluate", "refcoco"]])
+                                  ["evaluate", "refcoco"], ["vcr-leaderboard"]])
 def test_every_verb_has_help(verb):
     result = subprocess.run([sys.executable, "-m", "vlbert.cli", *verb, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage: vlbert" in result.stdout

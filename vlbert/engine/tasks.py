@@ -160,7 +160,9 @@ class VCRTask(Task):
     model_class = VLBertForVCR
     options_key = "vcr"
 
-    def examples(self, split):
+    def examples(self, split, after_answer: int | None = None):
+        """vcr_qa2r: the rationales follow the right answer, or answer `after_answer` (0..3) of
+        every question (the leaderboard takes the rationale scores after each answer)."""
         from ..data.vcr import read_vcr
         root = self.data_root / "vcr"
         store = open_store(self.features_dir, "vcr", split, "gt")
@@ -170,8 +172,10 @@ class VCRTask(Task):
             if self.name == "vcr_q2a":
                 first, choices, label = question, e.answer_choices, e.answer_label
             else:
-                first = question + vcr_words(e.answer_choices[e.answer_label], e.objects)
-                choices, label = e.rationale_choices, e.rationale_label
+                answer = e.answer_label if after_answer is None else after_answer
+                first = question + vcr_words(e.answer_choices[answer], e.objects)
+                # The rationale label holds after the right answer only.
+                choices, label = e.rationale_choices, e.rationale_label if answer == e.answer_label else None
             out.append({"id": e.annot_id, "first": first, "label": label,
                         "choices": [vcr_words(c, e.objects) for c in choices],
                         "regions": regions_of(store, str(e.image_path.relative_to(root / "vcr1images")), e.image_path)})
@@ -194,7 +198,8 @@ class VCRTask(Task):
                 regions.append(e["regions"])
         batch = pad_batch(encodings, self.processor.pad_id)
         batch.pop("roi_positions")  # no masked RoI classification in fine-tuning batches without masks
-        batch["labels"] = torch.tensor([e["label"] for e in examples])
+        if all(e["label"] is not None for e in examples):  # unlabelled ones are scored, never trained on
+            batch["labels"] = torch.tensor([e["label"] for e in examples])
         batch["visual"] = self._visual(regions)
         return batch
 
