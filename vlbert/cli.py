@@ -467,8 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("finetune", help="fine-tune one setting on one or more tasks",
                          description="Fine-tune on each task with its learning rate and each seed: per-epoch "
-                                     "validation, best epoch kept, test scored once; predictions in the official "
-                                     "formats.")
+                                     "validation, best epoch kept, test scored once; predictions written as "
+                                     "`vlbert evaluate` reads them.")
     p.add_argument("--config", required=True)
     p.add_argument("--setting", required=True, choices=list(SETTINGS))
     p.add_argument("--task", required=True, nargs="+", choices=list(TASKS),

@@ -1,9 +1,10 @@
 """The fine-tuning tasks: their examples, input format, head, predictions and official metric.
 
 Each task reads its split with the data set's reader and its regions from the feature store,
-turns examples into batches for its head, turns outputs into predictions in the official result
-format, and scores them with the official metric (vlbert.evaluation), so that `vlbert evaluate`
-on the written predictions gives the same figure.
+turns examples into batches for its head, turns outputs into predictions (VQA's official result
+format; the project's JSON for VCR and RefCOCO+: README, "Readers and metrics"), and scores them
+with the official metric (vlbert.evaluation), so that `vlbert evaluate` on the written
+predictions gives the same figure.
 """
 
 from __future__ import annotations
