@@ -1,7 +1,8 @@
-"""Worked examples of the official VQA accuracy."""
+"""Worked examples of the official VQA accuracy (the current script, GT-Vision-Lab/VQA a013f00)."""
 
 import pytest
 
+from vlbert.data.errors import DataFormatError
 from vlbert.evaluation.vqa_eval import normalize_answer, process_punctuation, question_accuracy, vqa_accuracy
 
 
@@ -43,26 +44,71 @@ def test_exactly_three_matches_is_not_full_credit():
     assert question_accuracy("2", humans) == pytest.approx((3 * 2 / 3 + 7) / 10)
 
 
-def test_human_answers_are_normalised_only_when_they_disagree():
-    # The prediction "t-shirt" normalises to "t shirt". All humans agree on "t-shirt": they are not
-    # normalised, so it never matches (the official script's quirk).
-    assert question_accuracy("t-shirt", ["t-shirt"] * 10) == 0.0
-    # When humans disagree, their punctuation is normalised too, and it matches.
-    assert question_accuracy("t-shirt", ["t-shirt"] * 9 + ["shirt"]) == 1.0
+# Worked cases, each checked against the official script (GT-Vision-Lab/VQA a013f00, run outside
+# the repository): (prediction, the ten human answers, official accuracy in percent).
+OFFICIAL_CASES = [
+    # All ten agree: nothing is normalised, on either side (the 2016 script gave these 100).
+    ("LARGE", ["large"] * 10, 0.0),
+    ("a purple!", ["purple"] * 10, 0.0),
+    ("yes!", ["yes"] * 10, 0.0),
+    ("large", ["large"] * 10, 100.0),
+    ("t-shirt", ["t-shirt"] * 10, 100.0),           # 2016: the prediction became "t shirt": 0
+    # Newlines, tabs and surrounding spaces go always, and before the agreement is counted.
+    (" large\n", ["large"] * 10, 100.0),
+    ("Large", ["large"] * 9 + [" large "], 0.0),
+    # They disagree: the prediction and every human answer are normalised alike.
+    ("2", ["two"] * 7 + ["2"] + ["3"] * 2, 100.0),   # 2016: the humans' "two" stayed: 30
+    ("yes", ["Yes"] * 8 + ["no"] * 2, 100.0),        # 2016: the humans' "Yes" stayed: 0
+    ("don't", ["dont"] * 7 + ["don't"] + ["no"] * 2, 100.0),   # contractions, on the humans' side too
+    ("the dog", ["dog"] * 5 + ["a dog"] * 5, 100.0),          # articles
+    ("none", ["0"] * 9 + ["1"], 100.0),                       # number words
+    ("1,000", ["1,000"] * 6 + ["1000"] * 4, 100.0),           # a comma between digits
+    ("T-Shirt", ["t-shirt"] * 9 + ["shirt"], 100.0),
+    # The punctuation list has neither the apostrophe nor the colon.
+    ("its red", ["it's red"] * 5 + ["red"] * 5, 0.0),
+    ("10:30", ["10:30"] * 9 + ["1030"], 100.0),
+    ("1030", ["10:30"] * 9 + ["1030"], 30.0),
+]
+
+
+@pytest.mark.parametrize("prediction, humans, official", OFFICIAL_CASES)
+def test_official_worked_cases(prediction, humans, official):
+    records = [{"answer": a, "answer_confidence": "yes", "answer_id": n + 1} for n, a in enumerate(humans)]
+    assert round(100 * question_accuracy(prediction, records), 2) == official
+    assert round(100 * question_accuracy(prediction, humans), 2) == official   # strings: one person each
+
+
+def test_equal_answer_records_are_left_out_together():
+    # The script leaves out every record equal to the one left out: records without an answer_id
+    # that give the same answer are all left out at once (real records differ by answer_id).
+    assert question_accuracy("red", [{"answer": "red"}] * 10) == 0.0
+    assert question_accuracy("red", [{"answer": "red", "answer_id": n} for n in range(10)]) == 1.0
+
+
+def _annotation(humans, answer_type, question_type):
+    return {"answers": [{"answer": a, "answer_id": n + 1} for n, a in enumerate(humans)],
+            "answer_type": answer_type, "question_type": question_type}
 
 
 def test_overall_and_per_type():
     annotations = {
-        1: {"answers": [{"answer": "red"}] * 10, "answer_type": "other", "question_type": "what color"},
-        2: {"answers": [{"answer": "2"}] * 10, "answer_type": "number", "question_type": "how many"},
-        3: {"answers": [{"answer": "yes"}] * 2 + [{"answer": "no"}] * 8, "answer_type": "yes/no", "question_type": "is"},
+        1: _annotation(["red"] * 10, "other", "what color"),
+        2: _annotation(["2"] * 10, "number", "how many"),
+        3: _annotation(["yes"] * 2 + ["no"] * 8, "yes/no", "is"),
+        4: _annotation(["two"] * 9 + ["3"], "number", "how many"),
     }
-    result = vqa_accuracy(annotations, {1: "Red", 2: "three", 3: "yes"})
-    # q1: 1.0; q2: 0.0; q3: leaving out a yes (2 subsets) -> 1/3, leaving out a no (8) -> 2/3: 0.6
-    assert result["perAnswerType"] == {"number": 0.0, "other": 100.0, "yes/no": 60.0}
-    assert result["overall"] == round(100 * 1.6 / 3, 2) == 53.33
+    result = vqa_accuracy(annotations, {1: "red", 2: "three", 3: "Yes", 4: "2"})
+    # q1: 1.0; q2: 0.0; q3: leaving out a yes (2 subsets) -> 1/3, leaving out a no (8) -> 2/3: 0.6; q4: 1.0
+    assert result["perAnswerType"] == {"number": 50.0, "other": 100.0, "yes/no": 60.0}
+    assert result["perQuestionType"] == {"how many": 50.0, "is": 60.0, "what color": 100.0}
+    assert result["overall"] == round(100 * 2.6 / 4, 2) == 65.0
+    assert result["n_questions"] == 4
 
 
-def test_missing_prediction_is_an_error():
-    with pytest.raises(ValueError, match="question_id 7"):
-        vqa_accuracy({7: {"answers": [{"answer": "x"}], "answer_type": "other", "question_type": "q"}}, {})
+def test_predictions_must_be_for_exactly_the_annotated_questions():
+    annotations = {q: _annotation(["x"] * 10, "other", "q") for q in range(1, 10)}
+    with pytest.raises(ValueError, match=r"^no prediction for 7 of the 9 question_ids \(3, 4, 5, 6, 7, \.\.\.\); "
+                                         r"predictions for 2 question_ids that are not annotated \(10, 11\): "):
+        vqa_accuracy(annotations, {1: "x", 2: "x", 10: "x", 11: "x"})
+    with pytest.raises(DataFormatError, match=r"^pred\.json: no prediction for 1 of the 9 question_ids \(9\): "):
+        vqa_accuracy(annotations, {q: "x" for q in range(1, 9)}, source="pred.json")

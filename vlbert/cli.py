@@ -293,7 +293,7 @@ def _evaluate_vqa(args) -> int:
     asked = {q["question_id"] for q in questions}
     annotations = {q: a for q, a in annotations.items() if q in asked}
     predictions = _predictions(args.predictions, "question_id", "answer")
-    result = vqa_accuracy(annotations, predictions)
+    result = vqa_accuracy(annotations, predictions, source=args.predictions)
     print(f"VQA accuracy: {result['overall']:.2f}  "
           + "  ".join(f"{k}: {v:.2f}" for k, v in result["perAnswerType"].items()))
     _write_result(result, args.out)
@@ -302,17 +302,23 @@ def _evaluate_vqa(args) -> int:
 
 def _evaluate_vcr(args) -> int:
     from .data.vcr import read_vcr
-    from .evaluation.vcr_eval import vcr_accuracy
+    from .evaluation.vcr_eval import leaderboard_predictions, read_leaderboard_csv, vcr_accuracy, vcr_choices
 
     examples = read_vcr(args.annotations, image_root=Path(args.annotations).parent)
     labels = {e.annot_id: (e.answer_label, e.rationale_label) for e in examples}
     if any(a is None or r is None for a, r in labels.values()):
         raise SystemExit(f"{args.annotations}: has no labels (the real VCR test split is scored by the leaderboard)")
-    # Q->AR comes from a pair of runs: a Q->A and a QA->R predictions file, merged per annot_id.
+    # Q->AR comes from a pair of runs: a Q->A and a QA->R predictions file, merged per annot_id,
+    # each for exactly the split's questions; or from one leaderboard CSV, which holds both.
     predictions = {}
     for path in args.predictions:
-        for p in _records(path, "annot_id"):
-            predictions.setdefault(p["annot_id"], {}).update(p)
+        if Path(path).suffix.lower() == ".csv":
+            records = leaderboard_predictions(read_leaderboard_csv(path), labels)
+        else:
+            records = {p["annot_id"]: p for p in _records(path, "annot_id")}
+        vcr_choices(labels, records, source=path)
+        for annot_id, p in records.items():
+            predictions.setdefault(annot_id, {}).update(p)
     result = vcr_accuracy(labels, predictions)
     print("VCR accuracy: " + "  ".join(f"{k}: {result[k]:.2f}" for k in ("q2a", "qa2r", "q2ar") if k in result))
     _write_result(result, args.out)
@@ -327,10 +333,29 @@ def _evaluate_refcoco(args) -> int:
     expressions = [e for split in SPLITS if any(r["split"] == split for r in dataset.refs)
                    for e in dataset.expressions(split)]
     predictions = _predictions(args.predictions, "sent_id", "bbox")
-    result = refcoco_accuracy(expressions, predictions)
-    print("RefCOCO+ accuracy (IoU >= 0.5): " + "  ".join(
+    result = refcoco_accuracy(expressions, predictions, iou_convention=args.iou_convention, source=args.predictions)
+    print(f"RefCOCO+ accuracy (IoU >= 0.5, {args.iou_convention}): " + "  ".join(
         f"{k}: {v:.2f}" for k, v in result.items() if k != "n_expressions"))
     _write_result(result, args.out)
+    return 0
+
+
+def _vcr_leaderboard(args) -> int:
+    from .engine.vcr_leaderboard import run_metrics, write_vcr_submission
+    from .study.registry import setting
+
+    config, device, results, bert, processor, _ = _training_context(args, "vcr_leaderboard", {}, tracked=False)
+    chosen = setting(run_metrics(args.qa2r, "vcr_qa2r")["setting"])
+    pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
+    summary = write_vcr_submission(args.q2a, args.qa2r, args.split, args.out, config, config["data"]["root"],
+                                   args.features or results / "features", processor, pretrained=pretrained,
+                                   device=device)
+    print(f"{args.out}: the leaderboard's CSV for {summary['questions']} {args.split} questions "
+          f"(Q->A: {summary['q2a_setting']}, QA->R: {summary['qa2r_setting']})")
+    if "accuracy" in summary:
+        accuracy = summary["accuracy"]
+        print("scored as the leaderboard scores it: "
+              + "  ".join(f"{k}: {accuracy[k]:.2f}" for k in ("q2a", "qa2r", "q2ar")))
     return 0
 
 
@@ -442,8 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("finetune", help="fine-tune one setting on one or more tasks",
                          description="Fine-tune on each task with its learning rate and each seed: per-epoch "
-                                     "validation, best epoch kept, test scored once; predictions in the official "
-                                     "formats.")
+                                     "validation, best epoch kept, test scored once; predictions written as "
+                                     "`vlbert evaluate` reads them.")
     p.add_argument("--config", required=True)
     p.add_argument("--setting", required=True, choices=list(SETTINGS))
     p.add_argument("--task", required=True, nargs="+", choices=list(TASKS),
@@ -489,6 +514,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_arguments(p)
     p.set_defaults(func=_sweep)
 
+    p = verbs.add_parser("vcr-leaderboard", help="the VCR leaderboard's submission CSV from a Q->A and a QA->R run",
+                         description="The leaderboard's CSV (annot_id, answer_0..3, "
+                                     "rationale_conditioned_on_a{i}_{j}): the answer scores from the Q->A run's predictions_<split>.json, the rationale "
+                                     "scores after each of the four answers from the QA->R run's best model. A "
+                                     "labelled split's CSV is also scored as the leaderboard scores it.")
+    p.add_argument("--config", required=True, help="preset YAML")
+    p.add_argument("--q2a", required=True, help="a finished vcr_q2a fine-tuning run (its folder)")
+    p.add_argument("--qa2r", required=True, help="a finished vcr_qa2r fine-tuning run (its folder)")
+    p.add_argument("--split", default="test", choices=["val", "test"])
+    p.add_argument("--out", required=True, help="the CSV to write")
+    p.add_argument("--pretrained", help="the checkpoint the QA->R run started from, for setting full: checks that "
+                                        "--features are its tuned features "
+                                        "(default: results/<preset>/pretrain/<setting>/best)")
+    p.add_argument("--data", help="data root (default: the preset's data.root)")
+    p.add_argument("--features", help="the feature stores the QA->R run was fine-tuned on "
+                                      "(default: results/<preset>/features)")
+    p.add_argument("--bert", help="BERT checkpoint whose tokenizer the runs used (default: as fine-tuning's)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    p.set_defaults(func=_vcr_leaderboard)
+
     p = verbs.add_parser("report", help="Table 4, the paper's findings and figures, read back from MLflow",
                          description="Read the study's runs from MLflow and write table4.{md,csv,tex}, "
                                      "findings.md, figures/*.png and runs.csv.")
@@ -498,29 +544,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweeps", help="folder of <setting>/<task>/best.json (default: results/<preset>/sweep)")
     p.set_defaults(func=_report)
 
+    from .evaluation.refcoco_eval import IOU_CONVENTIONS
+
     p = verbs.add_parser("evaluate", help="score predictions with the official metrics",
-                         description="Score predictions in the official result formats.")
+                         description="Score prediction files with the official metrics (README: which official "
+                                     "version each follows). Predictions must cover exactly the annotated questions.")
     tasks = p.add_subparsers(dest="task", required=True, metavar="<task>")
-    q = tasks.add_parser("vqa", help="VQA accuracy (official soft accuracy)",
-                         description='Predictions: [{"question_id": ..., "answer": ...}].')
+    q = tasks.add_parser("vqa", help="VQA accuracy (the current official script's)",
+                         description='Predictions in the official results format, '
+                                     '[{"question_id": ..., "answer": ...}], one per annotated question.')
     q.add_argument("--questions", required=True, help="v2_OpenEnded_mscoco_<split>_questions.json")
     q.add_argument("--annotations", required=True, help="v2_mscoco_<split>_annotations.json")
     q.set_defaults(func=_evaluate_vqa)
     q = tasks.add_parser("vcr", help="VCR Q->A, QA->R and Q->AR accuracy",
-                         description='Predictions: [{"annot_id": ..., "answer": i, "rationale": j}] '
-                                     '(or answer_probs / rationale_probs, four scores each).')
+                         description='Predictions: the project\'s JSON, '
+                                     '[{"annot_id": ..., "answer": i, "rationale": j}] (or answer_probs / '
+                                     'rationale_probs, four scores each), one per question; or the leaderboard\'s '
+                                     'CSV (`vlbert vcr-leaderboard`), scored as the leaderboard does.')
     q.add_argument("--annotations", required=True, help="VCR <split>.jsonl with labels")
     q.set_defaults(func=_evaluate_vcr)
     q = tasks.add_parser("refcoco", help="RefCOCO+ accuracy at IoU >= 0.5, per split",
-                         description='Predictions: [{"sent_id": ..., "bbox": [x, y, w, h]}].')
+                         description='Predictions: the project\'s JSON, [{"sent_id": ..., "bbox": [x, y, w, h]}].')
     q.add_argument("--root", required=True, help="folder with refs(unc).p and instances.json")
+    q.add_argument("--iou-convention", choices=IOU_CONVENTIONS, default="continuous",
+                   help="continuous: a box's area is w * h (COCO, pycocotools); plus-one: each side counts one pixel "
+                        "more, width x2 - x1 + 1 (the released VL-BERT code's evaluation)")
     q.set_defaults(func=_evaluate_refcoco)
     for name, q in tasks.choices.items():
         if name == "vcr":
             q.add_argument("--predictions", required=True, nargs="+",
-                           help="predictions JSON (official format); a Q->A and a QA->R file together give Q->AR")
+                           help="predictions JSON (a Q->A and a QA->R file together give Q->AR) or a leaderboard CSV")
         else:
-            q.add_argument("--predictions", required=True, help="predictions JSON in the official results format")
+            q.add_argument("--predictions", required=True, help="predictions JSON")
         q.add_argument("--out", help="also write the figures as JSON here")
     return parser
 

@@ -37,6 +37,26 @@ def require_nonempty(items: list, path, what: str) -> list:
     return items
 
 
+def require_same_ids(expected, found, id_name: str, path=None, shown: int = 5) -> None:
+    """Refuse predictions whose ids are not exactly the expected ones (the official VQA `loadRes`
+    asserts as much): scoring a part as if it were the whole, or answers to questions that are not
+    there, gives a figure nobody else would get. The message counts the missing and the extra ids
+    and shows the first few of each (in the annotations' and the predictions' order); it names
+    `path` when the predictions came from a file."""
+    expected, found = list(expected), list(dict.fromkeys(found))
+    expected_set, found_set = set(expected), set(found)
+    missing = [i for i in expected if i not in found_set]
+    extra = [i for i in found if i not in expected_set]
+    if not missing and not extra:
+        return
+    few = lambda ids: ", ".join(repr(i) for i in ids[:shown]) + (", ..." if len(ids) > shown else "")
+    parts = ([f"no prediction for {len(missing)} of the {len(expected_set)} {id_name}s ({few(missing)})"]
+             if missing else []) + ([f"predictions for {len(extra)} {id_name}s that are not annotated ({few(extra)})"]
+                                    if extra else [])
+    problem = "; ".join(parts) + f": predictions must cover exactly the annotated {id_name}s"
+    raise DataFormatError(path, problem) if path is not None else ValueError(problem)
+
+
 def _decode(data: bytes, path, line: int | None = None) -> str:
     try:
         return data.decode("utf-8")

@@ -2,7 +2,7 @@
 
 The model starts from the setting's pre-trained checkpoint (no_pretrain: from the BERT init and
 the detector). Every epoch is scored on val; the best epoch's weights are kept; the test split
-is scored once, on them. Predictions are written in the official formats, and metrics.json
+is scored once, on them. Predictions are written as `vlbert evaluate` reads them, and metrics.json
 holds the final figures, the chosen epoch, the seed and the learning rate.
 """
 

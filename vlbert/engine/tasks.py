@@ -1,9 +1,10 @@
 """The fine-tuning tasks: their examples, input format, head, predictions and official metric.
 
 Each task reads its split with the data set's reader and its regions from the feature store,
-turns examples into batches for its head, turns outputs into predictions in the official result
-format, and scores them with the official metric (vlbert.evaluation), so that `vlbert evaluate`
-on the written predictions gives the same figure.
+turns examples into batches for its head, turns outputs into predictions (VQA's official result
+format; the project's JSON for VCR and RefCOCO+: README, "Readers and metrics"), and scores them
+with the official metric (vlbert.evaluation), so that `vlbert evaluate` on the written
+predictions gives the same figure.
 """
 
 from __future__ import annotations
@@ -133,9 +134,7 @@ class VQATask(Task):
 
     def score(self, predictions, split):
         from ..evaluation.vqa_eval import vqa_accuracy
-        annotations = self.annotations(split)
-        result = vqa_accuracy({p["question_id"]: annotations[p["question_id"]] for p in predictions},
-                              {p["question_id"]: p["answer"] for p in predictions})
+        result = vqa_accuracy(self.annotations(split), {p["question_id"]: p["answer"] for p in predictions})
         return {"accuracy": result["overall"], **{f"accuracy_{k}": v for k, v in result["perAnswerType"].items()}}
 
 
@@ -162,7 +161,9 @@ class VCRTask(Task):
     model_class = VLBertForVCR
     options_key = "vcr"
 
-    def examples(self, split):
+    def examples(self, split, after_answer: int | None = None):
+        """vcr_qa2r: the rationales follow the right answer, or answer `after_answer` (0..3) of
+        every question (the leaderboard takes the rationale scores after each answer)."""
         from ..data.vcr import read_vcr
         root = self.data_root / "vcr"
         store = open_store(self.features_dir, "vcr", split, "gt")
@@ -172,8 +173,10 @@ class VCRTask(Task):
             if self.name == "vcr_q2a":
                 first, choices, label = question, e.answer_choices, e.answer_label
             else:
-                first = question + vcr_words(e.answer_choices[e.answer_label], e.objects)
-                choices, label = e.rationale_choices, e.rationale_label
+                answer = e.answer_label if after_answer is None else after_answer
+                first = question + vcr_words(e.answer_choices[answer], e.objects)
+                # The rationale label holds after the right answer only.
+                choices, label = e.rationale_choices, e.rationale_label if answer == e.answer_label else None
             out.append({"id": e.annot_id, "first": first, "label": label,
                         "choices": [vcr_words(c, e.objects) for c in choices],
                         "regions": regions_of(store, str(e.image_path.relative_to(root / "vcr1images")), e.image_path)})
@@ -196,7 +199,8 @@ class VCRTask(Task):
                 regions.append(e["regions"])
         batch = pad_batch(encodings, self.processor.pad_id)
         batch.pop("roi_positions")  # no masked RoI classification in fine-tuning batches without masks
-        batch["labels"] = torch.tensor([e["label"] for e in examples])
+        if all(e["label"] is not None for e in examples):  # unlabelled ones are scored, never trained on
+            batch["labels"] = torch.tensor([e["label"] for e in examples])
         batch["visual"] = self._visual(regions)
         return batch
 

@@ -1,17 +1,33 @@
-"""VQA accuracy as the official evaluation (VQA v2 `vqaEval.py`) computes it.
+"""VQA accuracy as the official evaluation computes it today.
 
-Per question: the prediction is normalised (punctuation, number words to digits, articles
-dropped, contractions restored); the human answers are punctuation-normalised when they
-disagree; the score is the average over the 10 leave-one-out subsets of 9 human answers of
-min(#humans in the subset who gave the prediction / 3, 1). Overall, per answer type and per
-question type, as percentages rounded to 2 decimals. Per-type scores average the per-question
-scores (the official script's current form).
+The reference is `PythonEvaluationTools/vqaEvaluation/vqaEval.py` of GT-Vision-Lab/VQA at commit
+a013f0043c1e2cdc995922dfe257f7149aa9af06 ("Fixed processing answers bug", 2021-03-11), the
+script the EvalAI server runs. Per question:
+
+1. the prediction and the ten human answers lose newlines, tabs and surrounding spaces;
+2. only when the human answers disagree (more than one distinct string) are the prediction AND
+   every human answer normalised alike: punctuation, then lower case, number words to digits,
+   articles dropped, contractions restored. When all ten agree nothing else is done, so `LARGE`
+   scores 0 against ten `large` (the 2016 script normalised the prediction always and the human
+   answers' punctuation only, which scored it 100 and scored `2` against `two`x7 at 30);
+3. for each human answer left out, min(1, #other answers equal to the prediction / 3); the
+   question scores the mean over the ten. "Other" are the answer records that differ from the
+   one left out, compared whole, as the script does: real records differ by `answer_id`.
+
+Overall, per answer type and per question type: the mean of the questions' scores, times 100,
+rounded to 2 decimals with Python 3's `round`. (The repository's script is Python 2, whose
+`round` sends exact binary ties away from zero rather than to even; on free-text predictions over
+the smoke and mini sets, run under Python 2.7 and 3, it gave the figures this module gives.) The
+punctuation list has been the same since 2015 (commit 13cbf5e): the 2021 commit changed which
+answers are normalised, not how.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+
+from ..data.errors import require_same_ids
 
 CONTRACTIONS = {
     "aint": "ain't", "arent": "aren't", "cant": "can't", "couldve": "could've", "couldnt": "couldn't",
@@ -48,9 +64,11 @@ CONTRACTIONS = {
 NUMBER_WORDS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4",
                 "five": "5", "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
 ARTICLES = {"a", "an", "the"}
+# The official list (no period, apostrophe or colon: a period has its own rule, below).
 PUNCTUATION = [";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<",
                "@", "`", ",", "?", "!"]
-# A period not between digits ("3.5" keeps its point). The official pattern, verbatim.
+# A period not followed by a digit ("3.5" keeps its point, "5." loses it). The official pattern,
+# verbatim: its `(?!<=\d)` reads as a look-ahead for "<=" and a digit, not as a look-behind.
 _PERIOD_STRIP = re.compile(r"(?!<=\d)(\.)(?!\d)")
 _COMMA_BETWEEN_DIGITS = re.compile(r"(\d)(,)(\d)")
 
@@ -58,13 +76,14 @@ _COMMA_BETWEEN_DIGITS = re.compile(r"(\d)(,)(\d)")
 def process_punctuation(text: str) -> str:
     out = text
     for p in PUNCTUATION:
-        # Punctuation glued to a word ("yes!") is dropped; elsewhere it becomes a space.
+        # Punctuation glued to a word ("yes!") becomes a space; next to a space, or anywhere in a
+        # text with a comma between digits, it is dropped.
         if (p + " " in text or " " + p in text) or _COMMA_BETWEEN_DIGITS.search(text):
             out = out.replace(p, "")
         else:
             out = out.replace(p, " ")
-    # The official call passes re.UNICODE as `count` (= 32 replacements); kept for equal figures.
-    return _PERIOD_STRIP.sub("", out, re.UNICODE)
+    # The official call passes re.UNICODE (32) where `count` goes: at most 32 periods go. Kept.
+    return _PERIOD_STRIP.sub("", out, count=re.UNICODE)
 
 
 def process_digit_article(text: str) -> str:
@@ -73,37 +92,49 @@ def process_digit_article(text: str) -> str:
     return " ".join(CONTRACTIONS.get(w, w) for w in words)
 
 
+def _strip(answer: str) -> str:
+    return answer.replace("\n", " ").replace("\t", " ").strip()
+
+
 def normalize_answer(answer: str) -> str:
-    """The normalisation the official evaluation applies to a predicted answer."""
-    answer = answer.replace("\n", " ").replace("\t", " ").strip()
-    return process_digit_article(process_punctuation(answer))
+    """What the official evaluation does to the prediction and to each human answer of a question
+    whose human answers disagree (and only then)."""
+    return process_digit_article(process_punctuation(_strip(answer)))
 
 
-def question_accuracy(prediction: str, human_answers: list[str]) -> float:
-    """Soft accuracy of one prediction against the (usually 10) human answers, in [0, 1]."""
-    predicted = normalize_answer(prediction)
-    humans = [a.replace("\n", " ").replace("\t", " ").strip() for a in human_answers]
-    if len(set(humans)) > 1:
-        humans = [process_punctuation(a) for a in humans]
+def question_accuracy(prediction: str, human_answers: list) -> float:
+    """Soft accuracy of one prediction against the (usually 10) human answers, in [0, 1].
+
+    human_answers: the annotation's answer records ({"answer": ..., "answer_id": ...}) or plain
+    strings, each string one person's answer.
+    """
+    # Records are compared whole when one is left out; strings are told apart by position.
+    records = [dict(h, answer=_strip(h["answer"])) if isinstance(h, dict) else {"answer": _strip(h), "position": k}
+               for k, h in enumerate(human_answers)]
+    predicted = _strip(prediction)
+    if len({r["answer"] for r in records}) > 1:
+        records = [dict(r, answer=normalize_answer(r["answer"])) for r in records]
+        predicted = normalize_answer(predicted)
     scores = []
-    for left_out in range(len(humans)):
-        others = humans[:left_out] + humans[left_out + 1:]
-        scores.append(min(1.0, sum(a == predicted for a in others) / 3))
+    for left_out in records:
+        matches = sum(r["answer"] == predicted for r in records if r != left_out)
+        scores.append(min(1.0, matches / 3))
     return sum(scores) / len(scores)
 
 
-def vqa_accuracy(annotations: dict[int, dict], predictions: dict[int, str], digits: int = 2) -> dict:
+def vqa_accuracy(annotations: dict[int, dict], predictions: dict[int, str], digits: int = 2,
+                 source=None) -> dict:
     """Official VQA accuracy.
 
     annotations: question_id -> official annotation record (answers, answer_type, question_type).
-    predictions: question_id -> predicted answer string; every annotated question must have one.
+    predictions: question_id -> predicted answer string, for exactly the annotated questions:
+    the official `loadRes` refuses results that miss a question or answer one it does not have.
+    source: the predictions file, named in that refusal.
     """
-    missing = [q for q in annotations if q not in predictions]
-    if missing:
-        raise ValueError(f"{len(missing)} annotated questions have no prediction, e.g. question_id {missing[0]}")
+    require_same_ids(annotations, predictions, "question_id", source)
     per_question, by_answer_type, by_question_type = {}, defaultdict(list), defaultdict(list)
     for question_id, ann in annotations.items():
-        acc = question_accuracy(predictions[question_id], [a["answer"] for a in ann["answers"]])
+        acc = question_accuracy(predictions[question_id], ann["answers"])
         per_question[question_id] = acc
         by_answer_type[ann["answer_type"]].append(acc)
         by_question_type[ann["question_type"]].append(acc)
