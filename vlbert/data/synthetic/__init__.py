@@ -18,8 +18,8 @@ from tqdm import tqdm
 from ... import io
 from . import captions, corpus, refcoco, vcr, vqa
 from .language import tokenize
-from .world import (COLOURS, SHAPES, Scene, coco_bbox, coco_polygon, render, sample_scene, save_image,
-                    stable_seed)
+from .world import (COLOURS, SHAPES, Scene, coco_area, coco_bbox, coco_polygon, render, sample_scene,
+                    save_image, stable_seed)
 
 SPEC_STAMP = ".spec.json"  # the spec a folder was made from; a different spec remakes it
 DATASETS = ("detector", "conceptual_captions", "text_corpus", "vqa", "vcr", "refcoco+")
@@ -53,7 +53,7 @@ def _coco_annotations(scene: Scene, image_id: int, first_ann_id: int, coloured: 
     # (pycocotools ignores it), so the detector's quality can be reported per size.
     return [{"id": first_ann_id + k, "image_id": image_id,
              "category_id": _DETECTOR_CATEGORY_ID[o.colour, o.shape] if coloured else _CATEGORY_ID[o.shape],
-             "bbox": coco_bbox(o), "area": round(coco_bbox(o)[2] * coco_bbox(o)[3], 2),
+             "bbox": coco_bbox(o), "area": coco_area(coco_polygon(o), scene.width, scene.height),
              "iscrowd": 0, "segmentation": coco_polygon(o), **({"size": o.size} if coloured else {})}
             for k, o in enumerate(scene.objects)]
 
