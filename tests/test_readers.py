@@ -146,6 +146,12 @@ def test_vcr_object_reference_out_of_range(tmp_path):
         read_vcr(tmp_path / "val.jsonl")
 
 
+def test_answer_vocabulary_leaves_the_unk_placeholder_out(tmp_path):
+    # VL-BERT's (Pythia's) answers_vqa.txt starts with <unk>, the slot of answers outside it.
+    (tmp_path / "answers_vqa.txt").write_text("<unk>\nyes\nno\n")
+    assert read_answer_vocabulary(tmp_path / "answers_vqa.txt") == ["yes", "no"]
+
+
 def test_malformed_vqa_annotation_names_the_key(tmp_path):
     data = json.loads((FIXTURES / "vqa/v2_mscoco_val2014_annotations.json").read_text())
     del data["annotations"][1]["answers"][3]["answer"]

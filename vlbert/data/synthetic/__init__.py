@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ... import io
+from ..vqa import UNKNOWN_ANSWER
 from . import captions, corpus, refcoco, vcr, vqa
 from .language import tokenize
 from .world import (COLOURS, SHAPES, Scene, coco_area, coco_bbox, coco_polygon, render, sample_scene,
@@ -35,6 +36,10 @@ _DETECTOR_CATEGORY_ID = {tuple(c["name"].split()): c["id"] for c in DETECTOR_CAT
 # COCO image folder names that VQA v2 uses for each of its splits.
 VQA_SPLITS = {"train": ("train2014", "train2014"), "val": ("val2014", "val2014"),
               "test-dev": ("test-dev2015", "test2015")}
+# COCO's files for those image folders, as readers of the VQA layout (VL-BERT's) open them: the
+# instances of train and val, the image list alone for test (COCO releases no test annotations).
+COCO_IMAGE_INFO = {"train2014": "instances_train2014.json", "val2014": "instances_val2014.json",
+                   "test2015": "image_info_test2015.json"}
 
 
 def _scenes(spec: dict, name: str, split: str, count: int, objects, desc: str, forced=None):
@@ -104,10 +109,13 @@ def write_vqa(spec: dict, root: Path) -> None:
             continue
         subtype, image_folder = VQA_SPLITS[split]
         (root / image_folder).mkdir(exist_ok=True)
-        questions, annotations = [], []
+        questions, annotations, images, instances = [], [], [], []
         for index, scene, image, rng in _scenes(spec, "vqa", split, count, (2, 6), "vqa"):
             image_id = index + 1 + 1_000_000 * list(VQA_SPLITS).index(split)
-            save_image(image, root / image_folder / f"COCO_{image_folder}_{image_id:012d}.jpg")
+            file_name = f"COCO_{image_folder}_{image_id:012d}.jpg"
+            save_image(image, root / image_folder / file_name)
+            images.append(_coco_image(image_id, file_name, scene))
+            instances += _coco_annotations(scene, image_id, len(instances) + 1)
             for k, item in enumerate(vqa.make_questions(scene, rng, per_image)):
                 question_id = image_id * 10 + k
                 answers = vqa.annotate(item["answer"], item["answer_type"], rng)
@@ -126,11 +134,22 @@ def write_vqa(spec: dict, root: Path) -> None:
                   "data_subtype": subtype}
         io.write_json(root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
                       {**header, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions})
+        if subtype == "test-dev2015":
+            # The real test2015 questions hold test-dev's among others; here test-dev is all of test,
+            # and VL-BERT's test set is test2015.
+            io.write_json(root / "v2_OpenEnded_mscoco_test2015_questions.json",
+                          {**header, "data_subtype": "test2015", "task_type": "Open-Ended", "data_type": "mscoco",
+                           "questions": questions})
         io.write_json(root / f"v2_mscoco_{subtype}_annotations.json",
                       {**header, "data_type": "mscoco", "annotations": annotations})
-    # The answer vocabulary: training answers, most frequent first (ties alphabetical).
+        coco = {"info": header["info"], "licenses": [], "images": images, "categories": CATEGORIES}
+        if image_folder != "test2015":
+            coco["annotations"] = instances
+        io.write_json(root / "annotations" / COCO_IMAGE_INFO[image_folder], coco)
+    # The answer vocabulary: training answers, most frequent first (ties alphabetical), after the
+    # `<unk>` placeholder that VL-BERT's reader needs, first as in its (Pythia's) file.
     vocabulary = sorted(answer_counts, key=lambda a: (-answer_counts[a], a))
-    io.write_text(root / "answers_vqa.txt", "\n".join(vocabulary) + "\n")
+    io.write_text(root / "answers_vqa.txt", "\n".join([UNKNOWN_ANSWER] + vocabulary) + "\n")
 
 
 def write_vcr(spec: dict, root: Path) -> None:
