@@ -11,6 +11,9 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
+from vlbert.data.synthetic.world import SHAPES
+from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
+
 
 # ---- COCO instances: pycocotools ---------------------------------------------------------------
 
@@ -76,3 +79,42 @@ def test_project_vocabulary_leaves_unk_out(smoke_world):
     from vlbert.data.vqa import read_answer_vocabulary
     lines = (smoke_world / "vqa/answers_vqa.txt").read_text().splitlines()
     assert lines[0] == "<unk>" and read_answer_vocabulary(smoke_world / "vqa/answers_vqa.txt") == lines[1:]
+
+
+# ---- VCR: r2c (rowanz/r2c, dataloaders/vcr.py) and VL-BERT (vcr/data/datasets/vcr.py) ------------
+
+def coco_2014_names() -> list[str]:
+    """COCO 2014's 80 category names, in category-id order, as torchvision ships them."""
+    from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
+    names = FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"]
+    return [n for n in names if n not in ("__background__", "N/A")]
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_vcr_reads_as_r2c_and_vlbert_read_it(smoke_world, split):
+    # Both map `objects` through COCO's 80 names spelt without spaces (r2c's cocoontology.json,
+    # VL-BERT's `categories`), after '__background__'.
+    coco_objects = ["__background__"] + [n.replace(" ", "") for n in coco_2014_names()]
+    coco_obj_to_ind = {o: i for i, o in enumerate(coco_objects)}
+    root = smoke_world / "vcr"
+    for line in (root / f"{split}.jsonl").read_text().splitlines():
+        item = json.loads(line)
+        obj_labels = [coco_obj_to_ind[o] for o in item["objects"]]      # r2c's and VL-BERT's KeyError
+        assert "person" not in item["objects"]      # both would swap its mentions for people's names
+        metadata = json.loads((root / "vcr1images" / item["metadata_fn"]).read_text())
+        assert (root / "vcr1images" / item["img_fn"]).is_file()
+        assert len(metadata["boxes"]) == len(metadata["segms"]) == len(obj_labels)
+        assert metadata["names"] == item["objects"]
+        for box, polygons in zip(metadata["boxes"], metadata["segms"]):
+            x1, y1, x2, y2, score = box                   # r2c chops the score, VL-BERT keeps 5 values
+            assert 0 <= x1 < x2 <= metadata["width"] and 0 <= y1 < y2 <= metadata["height"] and 0 < score <= 1
+            assert polygons and all(len(p) >= 3 and all(len(point) == 2 for point in p) for p in polygons)
+
+
+def test_vcr_project_reader_gives_the_worlds_names_back(smoke_world):
+    root = smoke_world / "vcr"
+    names = read_object_names(root)
+    assert sorted(names.values()) == sorted(SHAPES) and set(names) <= set(coco_2014_names())
+    for example in read_vcr(root / "train.jsonl"):
+        assert set(example.objects) <= set(SHAPES)
+        assert read_metadata(example.metadata_path, names).names == example.objects

@@ -90,11 +90,11 @@ def test_refcoco_expressions_are_appearance_only_and_unique(smoke_world):
 
 def test_vcr_right_answers_need_the_image(smoke_world):
     """The right answer is not identifiable from the question's words and object names alone."""
-    from vlbert.data.vcr import read_metadata, read_vcr
+    from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
     examples = read_vcr(smoke_world / "vcr/train.jsonl")
     assert Counter(e.answer_label for e in examples).keys() == {0, 1, 2, 3}
     for e in examples:
-        meta = read_metadata(e.metadata_path)
+        meta = read_metadata(e.metadata_path, read_object_names(smoke_world / "vcr"))
         assert meta.names == e.objects
         assert len({json.dumps(c) for c in e.answer_choices}) == 4
         assert len({json.dumps(c) for c in e.rationale_choices}) == 4

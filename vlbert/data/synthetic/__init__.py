@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ... import io
+from ..vcr import OBJECT_NAMES
 from ..vqa import UNKNOWN_ANSWER
 from . import captions, corpus, refcoco, vcr, vqa
 from .language import tokenize
@@ -153,6 +154,9 @@ def write_vqa(spec: dict, root: Path) -> None:
 
 
 def write_vcr(spec: dict, root: Path) -> None:
+    # Objects are named by COCO category, as VCR's are (vcr.COCO_NAMES says why and which).
+    names = vcr.COCO_NAMES
+    io.write_json(root / OBJECT_NAMES, names)
     for split, count in spec["vcr"].items():
         lines = []
         for index, scene, image, rng in _scenes(spec, "vcr", split, count, (2, 6), "vcr"):
@@ -163,7 +167,7 @@ def write_vcr(spec: dict, root: Path) -> None:
             boxes = [[round(v, 2) for v in o.box] + [round(float(rng.uniform(0.9, 1.0)), 4)]
                      for o in scene.objects]
             io.write_json(root / "vcr1images" / f"{stem}.json", {
-                "boxes": boxes, "names": [o.shape for o in scene.objects],
+                "boxes": boxes, "names": [names[o.shape] for o in scene.objects],
                 "segms": [[[[round(x, 2), round(y, 2)] for x, y in o.polygon()]] for o in scene.objects],
                 "width": scene.width, "height": scene.height})
             item = vcr.make_item(scene, rng)
@@ -171,7 +175,7 @@ def write_vcr(spec: dict, root: Path) -> None:
             lines.append(json.dumps({
                 "annot_id": f"{split}-{index}", "movie": movie, "img_id": f"{split}-{index}",
                 "img_fn": f"{stem}.jpg", "metadata_fn": f"{stem}.json",
-                "objects": [o.shape for o in scene.objects], "question_number": 0,
+                "objects": [names[o.shape] for o in scene.objects], "question_number": 0,
                 "interesting_scores": [], "question_type": kind, **item,
             }, sort_keys=True) + "\n")
         io.write_text(root / f"{split}.jsonl", "".join(lines))
