@@ -5,12 +5,15 @@ and checks what that loader relies on; none of the loaders' code is copied here.
 """
 
 import json
+import pickle
+from collections import Counter
 
 import pytest
 from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
+from vlbert.data.synthetic.refcoco import TEST_KINDS
 from vlbert.data.synthetic.world import SHAPES
 from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
 
@@ -118,3 +121,67 @@ def test_vcr_project_reader_gives_the_worlds_names_back(smoke_world):
     for example in read_vcr(root / "train.jsonl"):
         assert set(example.objects) <= set(SHAPES)
         assert read_metadata(example.metadata_path, names).names == example.objects
+
+
+# ---- RefCOCO+: REFER (lichengunc/refer, refer.py) ----------------------------------------------
+
+def refer_index(root):
+    """REFER.__init__ and createIndex: refs(unc).p and instances.json, indexed as REFER indexes them."""
+    with open(root / "refs(unc).p", "rb") as f:
+        refs = pickle.load(f)
+    instances = json.loads((root / "instances.json").read_text())
+    Anns = {ann["id"]: ann for ann in instances["annotations"]}
+    Imgs = {img["id"]: img for img in instances["images"]}
+    Cats = {cat["id"]: cat["name"] for cat in instances["categories"]}
+    imgToAnns, imgToRefs, catToRefs, Refs, refToAnn, sentToRef = {}, {}, {}, {}, {}, {}
+    for ann in instances["annotations"]:
+        imgToAnns.setdefault(ann["image_id"], []).append(ann)
+    for ref in refs:
+        Refs[ref["ref_id"]] = ref
+        imgToRefs.setdefault(ref["image_id"], []).append(ref)
+        catToRefs.setdefault(ref["category_id"], []).append(ref)
+        refToAnn[ref["ref_id"]] = Anns[ref["ann_id"]]           # REFER's KeyError on a missing ann
+        for sent in ref["sentences"]:
+            sentToRef[sent["sent_id"]] = ref
+    return dict(refs=refs, Refs=Refs, Anns=Anns, Imgs=Imgs, Cats=Cats, imgToAnns=imgToAnns,
+                imgToRefs=imgToRefs, catToRefs=catToRefs, refToAnn=refToAnn, sentToRef=sentToRef)
+
+
+def test_refcoco_loads_as_refer_reads_it(smoke_world):
+    r = refer_index(smoke_world / "refcoco+")
+    assert len(r["Refs"]) == len(r["refs"])                                       # ref ids unique
+    assert len(r["sentToRef"]) == sum(len(ref["sentences"]) for ref in r["refs"])  # sent ids unique
+    for ref in r["refs"]:
+        ann = r["refToAnn"][ref["ref_id"]]
+        assert ann["category_id"] in r["Cats"] and ref["category_id"] == ann["category_id"]
+        assert ref["image_id"] == ann["image_id"] and ref["image_id"] in r["Imgs"]
+        assert ref["sent_ids"] == [s["sent_id"] for s in ref["sentences"]]
+        assert all(s["tokens"] == s["sent"].split() for s in ref["sentences"])
+    assert {ref["split"] for ref in r["refs"]} == {"train", "val", "testA", "testB"}
+    # REFER's getRefIds(split="testA") keeps the refs whose split contains "A": only testA's.
+    assert [ref for ref in r["refs"] if "A" in ref["split"]] == [ref for ref in r["refs"] if ref["split"] == "testA"]
+    # Splits divide images, as the UNC splits do.
+    splits_of_image = {image: {ref["split"] for ref in refs} for image, refs in r["imgToRefs"].items()}
+    assert all(len(splits) == 1 for splits in splits_of_image.values())
+
+
+def test_refcoco_refers_to_objects_that_share_their_category(smoke_world):
+    """RefCOCO+ was collected on objects with another of their category in the image; testA refers
+    to one kind of category (RefCOCO+'s people), testB to the other."""
+    r = refer_index(smoke_world / "refcoco+")
+    for ref in r["refs"]:
+        categories = Counter(ann["category_id"] for ann in r["imgToAnns"][ref["image_id"]])
+        assert categories[ref["category_id"]] >= 2, ref
+        if ref["split"] in TEST_KINDS:
+            assert r["Cats"][ref["category_id"]] in TEST_KINDS[ref["split"]], ref
+    kinds = {split: {r["Cats"][ref["category_id"]] for ref in r["refs"] if ref["split"] == split} for split in TEST_KINDS}
+    assert kinds["testA"] and kinds["testB"] and not kinds["testA"] & kinds["testB"]
+
+
+def test_refcoco_split_sizes_are_the_configured_shares(smoke_world):
+    r = refer_index(smoke_world / "refcoco+")
+    images = Counter(refs[0]["split"] for refs in r["imgToRefs"].values())
+    # 60 images, 30% held out: 6 val, 6 testA, 6 testB, 42 train; fewer when an image's objects of
+    # one shape are twins (same colour and size), which no expression tells apart.
+    configured = {"train": 42, "val": 6, "testA": 6, "testB": 6}
+    assert all(configured[split] - 1 <= images[split] <= configured[split] for split in configured), images

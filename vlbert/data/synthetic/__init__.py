@@ -45,12 +45,13 @@ COCO_IMAGE_INFO = {"train2014": "instances_train2014.json", "val2014": "instance
 
 def _scenes(spec: dict, name: str, split: str, count: int, objects, desc: str, forced=None):
     """Yield (index, scene, image) for one split, each split from its own random stream.
-    `objects`: (fewest, most) shapes a scene, uniformly, or a function of the generator."""
+    `objects`: (fewest, most) shapes a scene, uniformly, or a function of the generator;
+    `forced(rng, n, index)`: attributes to fix of the first objects (sample_scene)."""
     rng = np.random.default_rng(stable_seed(spec["seed"], name, split))
     for index in tqdm(range(count), desc=f"{desc} {split}", unit="img", leave=False,
                       disable=not spec.get("progress", True)):
         n = objects(rng) if callable(objects) else int(rng.integers(objects[0], objects[1] + 1))
-        scene = sample_scene(rng, spec["image_size"], n, forced=forced(rng, n) if forced else None)
+        scene = sample_scene(rng, spec["image_size"], n, forced=forced(rng, n, index) if forced else None)
         yield index, scene, render(scene, rng), rng
 
 
@@ -181,35 +182,50 @@ def write_vcr(spec: dict, root: Path) -> None:
         io.write_text(root / f"{split}.jsonl", "".join(lines))
 
 
-def _refcoco_forced(rng, n):
-    """Half the images repeat one shape (testA-like, as RefCOCO+'s people images), half do not."""
-    if rng.random() < 0.5:
-        shape = SHAPES[int(rng.integers(len(SHAPES)))]
-        return [{"shape": shape}] * int(rng.integers(2, min(n, 3) + 1))
-    return [{"shape": str(s)} for s in rng.permutation(SHAPES)[:n]]
+def _refcoco_splits(spec: dict, count: int, held_out: float) -> list[str]:
+    """Each image's split, in exactly the configured shares: `held_out` of the images for val (a
+    third) and test, the test images halved between testA and testB as RefCOCO+'s are."""
+    n_held = round(count * held_out)
+    n_val = round(n_held / 3)
+    n_test_a = (n_held - n_val + 1) // 2
+    splits = (["val"] * n_val + ["testA"] * n_test_a + ["testB"] * (n_held - n_val - n_test_a)
+              + ["train"] * (count - n_held))
+    order = np.random.default_rng(stable_seed(spec["seed"], "refcoco+", "splits")).permutation(count)
+    return [splits[k] for k in order]
+
+
+def _refcoco_forced(splits: list[str]):
+    """Scenes as RefCOCO+'s images: one shape 2-3 times, the category the image's refs are about,
+    the other objects distractors of other shapes, one of each, so no other category is referable.
+    The shape is of the test split's kind in test images (RefCOCO+'s testA images hold several
+    people), of either kind at even odds elsewhere."""
+    def forced(rng, n, index):
+        kinds = list(refcoco.TEST_KINDS.values())
+        kind = refcoco.TEST_KINDS.get(splits[index]) or kinds[int(rng.integers(len(kinds)))]
+        shape = kind[int(rng.integers(len(kind)))]
+        copies = int(rng.integers(2, min(n, 3) + 1))
+        others = [str(s) for s in rng.permutation(SHAPES) if s != shape][:n - copies]
+        return [{"shape": shape}] * copies + [{"shape": s} for s in others]
+    return forced
 
 
 def write_refcoco(spec: dict, root: Path) -> None:
     options = spec["refcoco+"]
     (root / "images").mkdir()
     images, annotations, refs = [], [], []
-    held_out = options.get("held_out_fraction", 0.3)
+    splits = _refcoco_splits(spec, options["images"], options.get("held_out_fraction", 0.3))
     for index, scene, image, rng in _scenes(spec, "refcoco+", "all", options["images"], (3, 6),
-                                            "refcoco+", forced=_refcoco_forced):
+                                            "refcoco+", forced=_refcoco_forced(splits)):
         image_id = index + 1
         file_name = f"COCO_train2014_{image_id:012d}.jpg"
         save_image(image, root / "images" / file_name)
         images.append(_coco_image(image_id, file_name, scene))
         anns = _coco_annotations(scene, image_id, len(annotations) + 1)
         annotations += anns
-        repeated_shape = len({o.shape for o in scene.objects}) < len(scene.objects)
-        if rng.random() >= held_out:
-            split = "train"
-        elif rng.random() < 1 / 3:
-            split = "val"
-        else:
-            split = "testA" if repeated_shape else "testB"
-        for k, ann in enumerate(anns):
+        # Refs only for objects another of their category keeps company, as RefCOCO+'s.
+        split = splits[index]
+        for k in refcoco.referable(scene):
+            ann = anns[k]
             texts = refcoco.expressions(scene, k, rng, n=options.get("expressions_per_ref", 2))
             if not texts:
                 continue
