@@ -1,6 +1,7 @@
 import json
 import pickle
 import re
+import shutil
 
 import pytest
 
@@ -11,7 +12,7 @@ from vlbert.data.errors import DataFormatError
 from vlbert.data.refcoco import SPLITS, RefCOCO
 from vlbert.data.safe_pickle import UnsafePickleError, load_plain_pickle
 from vlbert.data.text_corpus import read_corpus
-from vlbert.data.vcr import read_metadata, read_vcr
+from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
 from vlbert.data.vqa import read_answer_vocabulary, read_vqa
 
 VQA_SPLITS = {"train": "train2014", "val": "val2014", "test-dev": "test-dev2015"}
@@ -144,6 +145,34 @@ def test_vcr_object_reference_out_of_range(tmp_path):
     (tmp_path / "val.jsonl").write_text(json.dumps(record) + "\n")
     with pytest.raises(DataFormatError, match=r"val\.jsonl:1 \[answer_choices\[2\]\]: token 0 refers to object 7"):
         read_vcr(tmp_path / "val.jsonl")
+
+
+def test_vcr_object_names_map_coco_names_back(tmp_path):
+    # A data set whose objects are not COCO's writes COCO stand-ins and object_names.json beside them.
+    shutil.copytree(FIXTURES / "vcr", tmp_path, dirs_exist_ok=True)
+    (tmp_path / "object_names.json").write_text(json.dumps({"man": "person", "hound": "dog"}))
+    first = read_vcr(tmp_path / "val.jsonl")[0]
+    assert first.objects == ["man", "man", "hound"]
+    assert read_metadata(first.metadata_path, read_object_names(tmp_path)).names == first.objects
+    assert read_metadata(first.metadata_path).names == ["person", "person", "dog"]   # as written
+
+
+@pytest.mark.parametrize("names, match", [
+    ({"man": "person"}, r"val\.jsonl:1 \[objects\]: object name 'dog' is not in object_names\.json"),
+    ({"man": "person", "hound": "person"}, r"object_names\.json \[person\]: two names are written as 'person'"),
+    (["person"], r"object_names\.json: expected an object"),
+])
+def test_vcr_object_names_that_do_not_fit_name_the_file(tmp_path, names, match):
+    shutil.copytree(FIXTURES / "vcr", tmp_path, dirs_exist_ok=True)
+    (tmp_path / "object_names.json").write_text(json.dumps(names))
+    with pytest.raises(DataFormatError, match=match):
+        read_vcr(tmp_path / "val.jsonl")
+
+
+def test_answer_vocabulary_leaves_the_unk_placeholder_out(tmp_path):
+    # VL-BERT's (Pythia's) answers_vqa.txt starts with <unk>, the slot of answers outside it.
+    (tmp_path / "answers_vqa.txt").write_text("<unk>\nyes\nno\n")
+    assert read_answer_vocabulary(tmp_path / "answers_vqa.txt") == ["yes", "no"]
 
 
 def test_malformed_vqa_annotation_names_the_key(tmp_path):

@@ -74,27 +74,29 @@ LOCATION_WORDS = {"left", "right", "top", "bottom", "above", "below", "middle", 
 
 def test_refcoco_expressions_are_appearance_only_and_unique(smoke_world):
     from vlbert.data.refcoco import RefCOCO
+    from vlbert.data.synthetic.refcoco import TEST_KINDS
     data = RefCOCO(smoke_world / "refcoco+")
     for ref in data.refs:
         for sentence in ref["sentences"]:
             assert not LOCATION_WORDS & set(sentence["tokens"]), sentence["sent"]
-    # testA: images with several objects of one shape; testB: the others.
+    # testA refers to the plain shapes (RefCOCO+'s people), testB to the others; a referred shape
+    # is never alone in its image, so the shape alone never singles the target out.
     for ref in data.refs:
+        shape = data.coco.cats[ref["category_id"]]["name"]
         shapes = Counter(data.coco.anns[a]["category_id"] for a in data.coco.getAnnIds(imgIds=ref["image_id"]))
-        if ref["split"] == "testA":
-            assert max(shapes.values()) >= 2
-        if ref["split"] == "testB":
-            assert max(shapes.values()) == 1
+        assert shapes[ref["category_id"]] >= 2
+        assert ref["split"] not in TEST_KINDS or shape in TEST_KINDS[ref["split"]]
+        assert all(s["sent"].removeprefix("the ") != shape for s in ref["sentences"])
     assert {r["split"] for r in data.refs} == {"train", "val", "testA", "testB"}
 
 
 def test_vcr_right_answers_need_the_image(smoke_world):
     """The right answer is not identifiable from the question's words and object names alone."""
-    from vlbert.data.vcr import read_metadata, read_vcr
+    from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
     examples = read_vcr(smoke_world / "vcr/train.jsonl")
     assert Counter(e.answer_label for e in examples).keys() == {0, 1, 2, 3}
     for e in examples:
-        meta = read_metadata(e.metadata_path)
+        meta = read_metadata(e.metadata_path, read_object_names(smoke_world / "vcr"))
         assert meta.names == e.objects
         assert len({json.dumps(c) for c in e.answer_choices}) == 4
         assert len({json.dumps(c) for c in e.rationale_choices}) == 4

@@ -1,4 +1,10 @@
-"""VCR reader: `{split}.jsonl` annotations and the per-image metadata JSON under vcr1images/."""
+"""VCR reader: `{split}.jsonl` annotations and the per-image metadata JSON under vcr1images/.
+
+VCR names its objects by COCO category (`person`, `dog`). A data set whose objects are not COCO's
+(the synthetic world's shapes) writes COCO stand-ins in the files, so that the readers built for
+VCR take them, and puts `object_names.json` beside the jsonl files: {its own name: the COCO name
+written}. The reader gives back its own names, which are the words the text is about.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from pathlib import Path
 from .errors import DataFormatError, read_text, require_file, require_keys, require_nonempty, resolve_inside, text_lines
 
 Tokens = list  # a VCR token list: words (str) and object references (lists of object indices)
+OBJECT_NAMES = "object_names.json"
 
 _REQUIRED = ["annot_id", "objects", "question", "answer_choices", "rationale_choices", "img_fn", "metadata_fn"]
 
@@ -47,10 +54,40 @@ def _check_tokens(tokens, n_objects: int, path, line: int, key: str) -> None:
             raise DataFormatError(path, f"token {t} refers to object {bad[0]}, but there are {n_objects} objects", line, key)
 
 
+def read_object_names(folder) -> dict[str, str]:
+    """{COCO name written in the files: the data set's own name}, from `object_names.json` in
+    `folder`; empty when there is none (the real VCR, whose names are its own)."""
+    path = Path(folder) / OBJECT_NAMES
+    if not path.is_file():
+        return {}
+    try:
+        names = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
+    if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):
+        raise DataFormatError(path, "expected an object {own name: COCO name written in the files}")
+    coco_to_own = {coco: own for own, coco in names.items()}
+    if len(coco_to_own) != len(names):
+        shared = next(c for c in coco_to_own if list(names.values()).count(c) > 1)
+        raise DataFormatError(path, f"two names are written as {shared!r}: the reader could not tell them apart", key=shared)
+    return coco_to_own
+
+
+def _own_names(written: list, names: dict[str, str], path, line: int | None, key: str) -> list:
+    if not names:
+        return written
+    unknown = [n for n in written if n not in names]
+    if unknown:
+        raise DataFormatError(path, f"object name {unknown[0]!r} is not in {OBJECT_NAMES}", line, key)
+    return [names[n] for n in written]
+
+
 def read_vcr(jsonl_path, image_root=None) -> list[VCRExample]:
-    """Read one split. Images and metadata resolve against `image_root` (default: vcr1images/ beside it)."""
+    """Read one split. Images and metadata resolve against `image_root` (default: vcr1images/ beside it).
+    Objects carry the data set's own names (see the module's docstring)."""
     jsonl_path = require_file(jsonl_path, "VCR annotations")
     root = Path(image_root) if image_root else jsonl_path.parent / "vcr1images"
+    names = read_object_names(jsonl_path.parent)
     examples = []
     for line_no, line in text_lines(jsonl_path):
         if not line.strip():
@@ -77,12 +114,14 @@ def read_vcr(jsonl_path, image_root=None) -> list[VCRExample]:
         image, metadata = (resolve_inside(root, record[field], jsonl_path, line_no, field)
                            for field in ("img_fn", "metadata_fn"))
         examples.append(VCRExample(
-            record["annot_id"], record["objects"], record["question"], record["answer_choices"],
+            record["annot_id"], _own_names(record["objects"], names, jsonl_path, line_no, "objects"),
+            record["question"], record["answer_choices"],
             record["rationale_choices"], image, metadata, *labels))
     return require_nonempty(examples, jsonl_path, "VCR questions")
 
 
-def read_metadata(path) -> VCRMetadata:
+def read_metadata(path, object_names: dict[str, str] | None = None) -> VCRMetadata:
+    """One image's metadata; `object_names` (read_object_names) gives `names` back as the data set's own."""
     path = require_file(path, "VCR image metadata")
     try:
         data = json.loads(read_text(path))
@@ -94,4 +133,5 @@ def read_metadata(path) -> VCRMetadata:
     for b, box in enumerate(data["boxes"]):
         if len(box) != 5:
             raise DataFormatError(path, "a box is x1, y1, x2, y2, score", key=f"boxes[{b}]")
-    return VCRMetadata(data["boxes"], data["names"], int(data["width"]), int(data["height"]))
+    names = _own_names(data["names"], object_names or {}, path, None, "names")
+    return VCRMetadata(data["boxes"], names, int(data["width"]), int(data["height"]))

@@ -36,9 +36,15 @@ def load_json(path, what: str):
         raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
 
 
+# The placeholder that VL-BERT's vocabulary (Pythia's answers_vqa.txt) puts first, the index its
+# reader gives answers outside the vocabulary: no question's answer, so no answer class here.
+UNKNOWN_ANSWER = "<unk>"
+
+
 def read_answer_vocabulary(path) -> list[str]:
+    """The answers of `answers_vqa.txt`, one a line, in order, without the `<unk>` placeholder."""
     path = require_file(path, "VQA answer vocabulary")
-    answers = [line for _, line in text_lines(path) if line.strip()]
+    answers = [line for _, line in text_lines(path) if line.strip() and line != UNKNOWN_ANSWER]
     if len(set(answers)) != len(answers):
         raise DataFormatError(path, "duplicate answers in the vocabulary")
     return require_nonempty(answers, path, "answers")

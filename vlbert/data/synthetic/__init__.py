@@ -16,10 +16,12 @@ import numpy as np
 from tqdm import tqdm
 
 from ... import io
+from ..vcr import OBJECT_NAMES
+from ..vqa import UNKNOWN_ANSWER
 from . import captions, corpus, refcoco, vcr, vqa
 from .language import tokenize
-from .world import (COLOURS, SHAPES, Scene, coco_bbox, coco_polygon, render, sample_scene, save_image,
-                    stable_seed)
+from .world import (COLOURS, SHAPES, Scene, coco_area, coco_bbox, coco_polygon, render, sample_scene,
+                    save_image, stable_seed)
 
 SPEC_STAMP = ".spec.json"  # the spec a folder was made from; a different spec remakes it
 DATASETS = ("detector", "conceptual_captions", "text_corpus", "vqa", "vcr", "refcoco+")
@@ -35,16 +37,21 @@ _DETECTOR_CATEGORY_ID = {tuple(c["name"].split()): c["id"] for c in DETECTOR_CAT
 # COCO image folder names that VQA v2 uses for each of its splits.
 VQA_SPLITS = {"train": ("train2014", "train2014"), "val": ("val2014", "val2014"),
               "test-dev": ("test-dev2015", "test2015")}
+# COCO's files for those image folders, as readers of the VQA layout (VL-BERT's) open them: the
+# instances of train and val, the image list alone for test (COCO releases no test annotations).
+COCO_IMAGE_INFO = {"train2014": "instances_train2014.json", "val2014": "instances_val2014.json",
+                   "test2015": "image_info_test2015.json"}
 
 
 def _scenes(spec: dict, name: str, split: str, count: int, objects, desc: str, forced=None):
     """Yield (index, scene, image) for one split, each split from its own random stream.
-    `objects`: (fewest, most) shapes a scene, uniformly, or a function of the generator."""
+    `objects`: (fewest, most) shapes a scene, uniformly, or a function of the generator;
+    `forced(rng, n, index)`: attributes to fix of the first objects (sample_scene)."""
     rng = np.random.default_rng(stable_seed(spec["seed"], name, split))
     for index in tqdm(range(count), desc=f"{desc} {split}", unit="img", leave=False,
                       disable=not spec.get("progress", True)):
         n = objects(rng) if callable(objects) else int(rng.integers(objects[0], objects[1] + 1))
-        scene = sample_scene(rng, spec["image_size"], n, forced=forced(rng, n) if forced else None)
+        scene = sample_scene(rng, spec["image_size"], n, forced=forced(rng, n, index) if forced else None)
         yield index, scene, render(scene, rng), rng
 
 
@@ -53,7 +60,7 @@ def _coco_annotations(scene: Scene, image_id: int, first_ann_id: int, coloured: 
     # (pycocotools ignores it), so the detector's quality can be reported per size.
     return [{"id": first_ann_id + k, "image_id": image_id,
              "category_id": _DETECTOR_CATEGORY_ID[o.colour, o.shape] if coloured else _CATEGORY_ID[o.shape],
-             "bbox": coco_bbox(o), "area": round(coco_bbox(o)[2] * coco_bbox(o)[3], 2),
+             "bbox": coco_bbox(o), "area": coco_area(coco_polygon(o), scene.width, scene.height),
              "iscrowd": 0, "segmentation": coco_polygon(o), **({"size": o.size} if coloured else {})}
             for k, o in enumerate(scene.objects)]
 
@@ -104,10 +111,13 @@ def write_vqa(spec: dict, root: Path) -> None:
             continue
         subtype, image_folder = VQA_SPLITS[split]
         (root / image_folder).mkdir(exist_ok=True)
-        questions, annotations = [], []
+        questions, annotations, images, instances = [], [], [], []
         for index, scene, image, rng in _scenes(spec, "vqa", split, count, (2, 6), "vqa"):
             image_id = index + 1 + 1_000_000 * list(VQA_SPLITS).index(split)
-            save_image(image, root / image_folder / f"COCO_{image_folder}_{image_id:012d}.jpg")
+            file_name = f"COCO_{image_folder}_{image_id:012d}.jpg"
+            save_image(image, root / image_folder / file_name)
+            images.append(_coco_image(image_id, file_name, scene))
+            instances += _coco_annotations(scene, image_id, len(instances) + 1)
             for k, item in enumerate(vqa.make_questions(scene, rng, per_image)):
                 question_id = image_id * 10 + k
                 answers = vqa.annotate(item["answer"], item["answer_type"], rng)
@@ -126,14 +136,28 @@ def write_vqa(spec: dict, root: Path) -> None:
                   "data_subtype": subtype}
         io.write_json(root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
                       {**header, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions})
+        if subtype == "test-dev2015":
+            # The real test2015 questions hold test-dev's among others; here test-dev is all of test,
+            # and VL-BERT's test set is test2015.
+            io.write_json(root / "v2_OpenEnded_mscoco_test2015_questions.json",
+                          {**header, "data_subtype": "test2015", "task_type": "Open-Ended", "data_type": "mscoco",
+                           "questions": questions})
         io.write_json(root / f"v2_mscoco_{subtype}_annotations.json",
                       {**header, "data_type": "mscoco", "annotations": annotations})
-    # The answer vocabulary: training answers, most frequent first (ties alphabetical).
+        coco = {"info": header["info"], "licenses": [], "images": images, "categories": CATEGORIES}
+        if image_folder != "test2015":
+            coco["annotations"] = instances
+        io.write_json(root / "annotations" / COCO_IMAGE_INFO[image_folder], coco)
+    # The answer vocabulary: training answers, most frequent first (ties alphabetical), after the
+    # `<unk>` placeholder that VL-BERT's reader needs, first as in its (Pythia's) file.
     vocabulary = sorted(answer_counts, key=lambda a: (-answer_counts[a], a))
-    io.write_text(root / "answers_vqa.txt", "\n".join(vocabulary) + "\n")
+    io.write_text(root / "answers_vqa.txt", "\n".join([UNKNOWN_ANSWER] + vocabulary) + "\n")
 
 
 def write_vcr(spec: dict, root: Path) -> None:
+    # Objects are named by COCO category, as VCR's are (vcr.COCO_NAMES says why and which).
+    names = vcr.COCO_NAMES
+    io.write_json(root / OBJECT_NAMES, names)
     for split, count in spec["vcr"].items():
         lines = []
         for index, scene, image, rng in _scenes(spec, "vcr", split, count, (2, 6), "vcr"):
@@ -144,7 +168,7 @@ def write_vcr(spec: dict, root: Path) -> None:
             boxes = [[round(v, 2) for v in o.box] + [round(float(rng.uniform(0.9, 1.0)), 4)]
                      for o in scene.objects]
             io.write_json(root / "vcr1images" / f"{stem}.json", {
-                "boxes": boxes, "names": [o.shape for o in scene.objects],
+                "boxes": boxes, "names": [names[o.shape] for o in scene.objects],
                 "segms": [[[[round(x, 2), round(y, 2)] for x, y in o.polygon()]] for o in scene.objects],
                 "width": scene.width, "height": scene.height})
             item = vcr.make_item(scene, rng)
@@ -152,41 +176,56 @@ def write_vcr(spec: dict, root: Path) -> None:
             lines.append(json.dumps({
                 "annot_id": f"{split}-{index}", "movie": movie, "img_id": f"{split}-{index}",
                 "img_fn": f"{stem}.jpg", "metadata_fn": f"{stem}.json",
-                "objects": [o.shape for o in scene.objects], "question_number": 0,
+                "objects": [names[o.shape] for o in scene.objects], "question_number": 0,
                 "interesting_scores": [], "question_type": kind, **item,
             }, sort_keys=True) + "\n")
         io.write_text(root / f"{split}.jsonl", "".join(lines))
 
 
-def _refcoco_forced(rng, n):
-    """Half the images repeat one shape (testA-like, as RefCOCO+'s people images), half do not."""
-    if rng.random() < 0.5:
-        shape = SHAPES[int(rng.integers(len(SHAPES)))]
-        return [{"shape": shape}] * int(rng.integers(2, min(n, 3) + 1))
-    return [{"shape": str(s)} for s in rng.permutation(SHAPES)[:n]]
+def _refcoco_splits(spec: dict, count: int, held_out: float) -> list[str]:
+    """Each image's split, in exactly the configured shares: `held_out` of the images for val (a
+    third) and test, the test images halved between testA and testB as RefCOCO+'s are."""
+    n_held = round(count * held_out)
+    n_val = round(n_held / 3)
+    n_test_a = (n_held - n_val + 1) // 2
+    splits = (["val"] * n_val + ["testA"] * n_test_a + ["testB"] * (n_held - n_val - n_test_a)
+              + ["train"] * (count - n_held))
+    order = np.random.default_rng(stable_seed(spec["seed"], "refcoco+", "splits")).permutation(count)
+    return [splits[k] for k in order]
+
+
+def _refcoco_forced(splits: list[str]):
+    """Scenes as RefCOCO+'s images: one shape 2-3 times, the category the image's refs are about,
+    the other objects distractors of other shapes, one of each, so no other category is referable.
+    The shape is of the test split's kind in test images (RefCOCO+'s testA images hold several
+    people), of either kind at even odds elsewhere."""
+    def forced(rng, n, index):
+        kinds = list(refcoco.TEST_KINDS.values())
+        kind = refcoco.TEST_KINDS.get(splits[index]) or kinds[int(rng.integers(len(kinds)))]
+        shape = kind[int(rng.integers(len(kind)))]
+        copies = int(rng.integers(2, min(n, 3) + 1))
+        others = [str(s) for s in rng.permutation(SHAPES) if s != shape][:n - copies]
+        return [{"shape": shape}] * copies + [{"shape": s} for s in others]
+    return forced
 
 
 def write_refcoco(spec: dict, root: Path) -> None:
     options = spec["refcoco+"]
     (root / "images").mkdir()
     images, annotations, refs = [], [], []
-    held_out = options.get("held_out_fraction", 0.3)
+    splits = _refcoco_splits(spec, options["images"], options.get("held_out_fraction", 0.3))
     for index, scene, image, rng in _scenes(spec, "refcoco+", "all", options["images"], (3, 6),
-                                            "refcoco+", forced=_refcoco_forced):
+                                            "refcoco+", forced=_refcoco_forced(splits)):
         image_id = index + 1
         file_name = f"COCO_train2014_{image_id:012d}.jpg"
         save_image(image, root / "images" / file_name)
         images.append(_coco_image(image_id, file_name, scene))
         anns = _coco_annotations(scene, image_id, len(annotations) + 1)
         annotations += anns
-        repeated_shape = len({o.shape for o in scene.objects}) < len(scene.objects)
-        if rng.random() >= held_out:
-            split = "train"
-        elif rng.random() < 1 / 3:
-            split = "val"
-        else:
-            split = "testA" if repeated_shape else "testB"
-        for k, ann in enumerate(anns):
+        # Refs only for objects another of their category keeps company, as RefCOCO+'s.
+        split = splits[index]
+        for k in refcoco.referable(scene):
+            ann = anns[k]
             texts = refcoco.expressions(scene, k, rng, n=options.get("expressions_per_ref", 2))
             if not texts:
                 continue

@@ -3,10 +3,16 @@
 An expression names the fewest attributes (colour, size, shape) that single its region out from
 the others in the image, so resolving it means reading attributes off one region among
 distractors that share some of them.
+
+As RefCOCO+ was collected, a referred object always has another object of its category (its
+shape, the category in instances.json) in its image, and the two test splits divide the
+categories by kind: RefCOCO+'s testA refers to people, testB to other objects; here testA refers
+to the plain shapes and testB to the others (TEST_KINDS).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import combinations
 
 import numpy as np
@@ -14,11 +20,19 @@ import numpy as np
 from .world import Scene, SceneObject
 
 _ATTRIBUTES = ("size", "colour", "shape")
+# The world's stand-in for RefCOCO+'s people / other objects divide: two kinds of three shapes.
+TEST_KINDS = {"testA": ("circle", "square", "triangle"), "testB": ("diamond", "star", "cross")}
 
 
 def _describe(obj: SceneObject, attrs: tuple[str, ...]) -> str:
     words = [getattr(obj, a) for a in _ATTRIBUTES if a in attrs and a != "shape"]
     return " ".join(words + [obj.shape if "shape" in attrs else "one"])
+
+
+def referable(scene: Scene) -> list[int]:
+    """The objects a ref may point at: those whose shape another object in the image shares."""
+    counts = Counter(o.shape for o in scene.objects)
+    return [k for k, o in enumerate(scene.objects) if counts[o.shape] >= 2]
 
 
 def expressions(scene: Scene, index: int, rng: np.random.Generator, n: int) -> list[str]:

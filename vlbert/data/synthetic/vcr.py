@@ -12,6 +12,14 @@ import numpy as np
 
 from .world import COLOURS, CORNERS, SHAPES, TEMPERATURE, TEMPERATURES, WEIGHT, Scene
 
+# The VCR files name objects by COCO category, and r2c's and VL-BERT's readers look each name up in
+# COCO's list, so `objects` (and the metadata's `names`) carry these COCO names; object_names.json
+# beside the jsonl files holds this map, and the project's reader turns them back into the world's.
+# A fixed, arbitrary stand-in per shape: neither `person` (which both readers replace with a
+# person's name) nor a word the world's language uses, each one word as VCR spells them.
+COCO_NAMES = {"circle": "frisbee", "square": "book", "triangle": "pizza", "diamond": "kite",
+              "star": "umbrella", "cross": "airplane"}
+
 
 def _others(rng, pool, exclude, k):
     rest = [p for p in pool if p not in exclude]

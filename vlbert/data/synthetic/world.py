@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
+from pycocotools import mask as mask_utils
 
 SHAPES = ("circle", "square", "triangle", "diamond", "star", "cross")
 COLOURS = {
@@ -166,3 +167,9 @@ def coco_bbox(obj: SceneObject) -> list[float]:
 
 def coco_polygon(obj: SceneObject) -> list[list[float]]:
     return [[round(v, 2) for point in obj.polygon() for v in point]]
+
+
+def coco_area(polygons: list[list[float]], width: int, height: int) -> int:
+    """The area of a COCO polygon segmentation as COCO gives it: the pixels of its mask, which
+    pycocotools rasterises from the polygons (as `loadRes` does for segmentations), not its box."""
+    return int(mask_utils.area(mask_utils.merge(mask_utils.frPyObjects(polygons, height, width))))
