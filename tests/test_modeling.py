@@ -1,6 +1,8 @@
 """VL-BERT's model: the properties the paper's design promises, checked on the smoke detector."""
 
+import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -345,3 +347,166 @@ def test_a_wordpiece_vocabulary_of_the_world_keeps_its_words_whole_and_repeats(t
     again = VLBertProcessor.from_pretrained(tmp_path)
     assert again.tokenizer.get_vocab() == processor.tokenizer.get_vocab()
     assert again.encode("a small red star", num_rois=2) == processor.encode("a small red star", num_rois=2)
+
+
+# 8 transformers' PreTrainedModel -------------------------------------------------------------
+
+OLD_CHECKPOINTS = Path(__file__).resolve().parent / "fixtures" / "old_checkpoints"
+
+
+def tiny_config(**overrides):
+    """A VL-BERT small enough to build in a blink, with a Fast R-CNN module (not loaded)."""
+    from vlbert.detection.model import DetectorConfig
+    frcnn = DetectorConfig(class_names=["a", "b", "c"], widths=(4, 8, 8, 16), blocks=(1, 1, 1, 1), c4_stride=8)
+    return VLBertConfig(**{**dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32, visual_feature_dim=16, geometry_wavelengths=2,
+                                  num_visual_classes=4, num_answers=5, frcnn=frcnn.to_json()), **overrides})
+
+
+def draws(model) -> str:
+    """sha256 of a model's weights and of the RNG state after it: what a seed gave."""
+    digest = hashlib.sha256()
+    for key, value in sorted(model.state_dict().items()):
+        digest.update(key.encode())
+        digest.update(value.detach().contiguous().numpy().tobytes())
+    digest.update(torch.get_rng_state().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+# Recorded on the code before the models were PreTrainedModels (83834d4). A seed must give the
+# same weights, and leave the RNG where it did, or the study's numbers move: transformers'
+# from_pretrained builds on the meta device and initialises only what the checkpoint lacks.
+DRAWS_BEFORE = {
+    ("build", "VLBertForPreTraining"): "8ec518ca955d8a18", ("build", "VLBertForVQA"): "c845a314110840aa",
+    ("build", "VLBertForVCR"): "d8d796f4ca1cb9df", ("build", "VLBertForRefCOCO"): "2496feb103ded06c",
+    ("load", "VLBertForPreTraining"): "b4e7e0c234bdfb76", ("load", "VLBertForVQA"): "266ad05c7a06ef83",
+    ("load", "VLBertForVCR"): "5fbe0a0a632297ee", ("load", "VLBertForRefCOCO"): "67c2906c16f95656",
+}
+HEADS = (VLBertForPreTraining, VLBertForVQA, VLBertForVCR, VLBertForRefCOCO)
+
+
+def test_a_seed_gives_the_weights_it_gave_before_the_models_were_pretrained_models(tmp_path):
+    for cls in HEADS:
+        torch.manual_seed(0)
+        assert draws(cls(tiny_config())) == DRAWS_BEFORE["build", cls.__name__], cls.__name__
+    torch.manual_seed(0)
+    VLBertForPreTraining(tiny_config(tune_frcnn=True)).save_pretrained(tmp_path)
+    for cls in HEADS:  # fine-tuning's start: a pre-training checkpoint, the task head new
+        torch.manual_seed(1)
+        assert draws(cls.from_pretrained(tmp_path, tune_frcnn=False)) == DRAWS_BEFORE["load", cls.__name__], cls.__name__
+
+
+def test_checkpoints_are_transformers_ones_and_load_through_the_auto_classes(smoke_detector, regions, processor,
+                                                                             tmp_path):
+    import vlbert  # noqa: F401  (registers the Auto classes)
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, PreTrainedModel
+    from vlbert.modeling import VLBertModel
+    images, results = regions
+    model = build(VLBertForPreTraining, smoke_detector)
+    assert isinstance(model, PreTrainedModel) and isinstance(model.vlbert, PreTrainedModel)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "vlbert" and config["architectures"] == ["VLBertForPreTraining"]
+    assert "architecture" not in config and config["tune_frcnn"] is False     # every field, defaults too
+    # The decoder is the word embedding matrix and its bias the head's: each stored once.
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    assert "vlbert.bert.embeddings.word_embeddings.weight" in stored and "mlm.predictions.decoder.bias" in stored
+    assert "mlm.predictions.decoder.weight" not in stored and "mlm.predictions.bias" not in stored
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), VLBertConfig)
+    encoder = AutoModel.from_pretrained(tmp_path)
+    pretraining = AutoModelForPreTraining.from_pretrained(tmp_path)
+    assert type(encoder) is VLBertModel and type(pretraining) is VLBertForPreTraining
+    batch = text_inputs(processor, results)
+    keys = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "visual_index")
+    with torch.no_grad():
+        assert torch.equal(encoder(*(batch[k] for k in keys), visual=visual_inputs(images, results)),
+                           hidden(model, batch, visual_inputs(images, results)))
+        assert torch.equal(pretraining(**batch, visual=visual_inputs(images, results)).mlm_logits,
+                           model(**batch, visual=visual_inputs(images, results)).mlm_logits)
+    # The encoder's own checkpoint starts a head as well.
+    encoder.save_pretrained(tmp_path / "encoder")
+    vqa = VLBertForVQA.from_pretrained(tmp_path / "encoder", num_answers=5)
+    assert torch.equal(vqa.vlbert.visual_embeddings.projection.weight, model.vlbert.visual_embeddings.projection.weight)
+
+
+def test_checkpoints_written_before_the_move_load_as_they_are():
+    import vlbert  # noqa: F401
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+    from vlbert.modeling import VLBertModel
+    old = json.loads((OLD_CHECKPOINTS / "pretraining" / "config.json").read_text())
+    assert old["architecture"] == "VLBertForPreTraining" and old["architectures"] is None
+    stored = load_file(str(OLD_CHECKPOINTS / "pretraining" / "model.safetensors"))
+    model = VLBertForPreTraining.from_pretrained(OLD_CHECKPOINTS / "pretraining")
+    assert model.config.architectures == ["VLBertForPreTraining"]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in stored.items())
+    assert model.mlm.predictions.decoder.weight is model.vlbert.bert.embeddings.word_embeddings.weight
+    encoder = AutoModel.from_pretrained(OLD_CHECKPOINTS / "pretraining")
+    assert type(encoder) is VLBertModel
+    assert torch.equal(encoder.bert.embeddings.word_embeddings.weight, stored["vlbert.bert.embeddings.word_embeddings.weight"])
+    vqa = VLBertForVQA.from_pretrained(OLD_CHECKPOINTS / "vqa")                       # its own class: whole
+    vqa_stored = load_file(str(OLD_CHECKPOINTS / "vqa" / "model.safetensors"))
+    assert all(torch.equal(vqa.state_dict()[k], v) for k, v in vqa_stored.items())
+    # The pre-training one into a task head: its head stays behind, the task's starts new.
+    torch.manual_seed(3)
+    new = VLBertForVQA(VLBertConfig.from_pretrained(OLD_CHECKPOINTS / "pretraining", num_answers=4)).classifier
+    torch.manual_seed(3)
+    head = VLBertForVQA.from_pretrained(OLD_CHECKPOINTS / "pretraining", num_answers=4).classifier
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), new.state_dict().values()))
+
+
+def test_a_checkpoint_that_does_not_fit_fails_loudly(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModel
+    VLBertForPreTraining(tiny_config()).save_pretrained(tmp_path / "good")
+    _, info = VLBertForVCR.from_pretrained(tmp_path / "good", output_loading_info=True)
+    assert {"classifier.1.weight", "roi_head.classifier.weight"} <= info["missing_keys"]   # new, not pre-training's
+
+    def without(key):
+        folder = tmp_path / key
+        folder.mkdir()
+        (folder / "config.json").write_text((tmp_path / "good" / "config.json").read_text())
+        state = load_file(str(tmp_path / "good" / "model.safetensors"))
+        del state[key]
+        save_file(state, str(folder / "model.safetensors"))
+        return folder
+
+    no_encoder_weight = without("vlbert.bert.encoder.layer.1.output.dense.weight")
+    for cls in (VLBertForVQA, VLBertForPreTraining, AutoModel):
+        with pytest.raises(ValueError, match="does not fit .*encoder.layer.1.output.dense.weight"):
+            cls.from_pretrained(no_encoder_weight)
+    with pytest.raises(ValueError, match=r"does not fit VLBertForPreTraining .*relation_head.weight"):
+        VLBertForPreTraining.from_pretrained(without("relation_head.weight"))
+    VLBertForVQA.from_pretrained(tmp_path / "relation_head.weight")   # another class's head: left behind
+
+
+@pytest.mark.parametrize("tune", [False, True])
+def test_config_overrides_and_the_frozen_fast_rcnn_survive_loading(tmp_path, tune):
+    VLBertForPreTraining(tiny_config(tune_frcnn=not tune)).save_pretrained(tmp_path)
+    loaded = VLBertForVQA.from_pretrained(tmp_path, tune_frcnn=tune, num_answers=7)
+    assert loaded.config.tune_frcnn is tune and loaded.classifier[-1].out_features == 7
+    built = VLBertForVQA(tiny_config(tune_frcnn=tune, num_answers=7))
+    assert ({n: p.requires_grad for n, p in loaded.named_parameters()}
+            == {n: p.requires_grad for n, p in built.named_parameters()})
+    assert any(p.requires_grad for p in loaded.vlbert.fast_rcnn.parameters()) is tune
+
+
+def test_a_crash_while_saving_leaves_the_last_checkpoint_whole(tmp_path, monkeypatch):
+    import transformers.modeling_utils
+    model = VLBertForVQA(tiny_config())
+    model.save_pretrained(tmp_path / "ckpt")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+
+    def crash(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", crash)
+    with torch.no_grad():
+        model.classifier[-1].weight.add_(1.0)
+    with pytest.raises(OSError, match="disk full"):
+        model.save_pretrained(tmp_path / "ckpt")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]                # no staging folder left

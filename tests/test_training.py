@@ -162,6 +162,15 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
                               smoke_config.get("model", {}).get("max_rois"))
     saved = load_file(str(out / "best" / "model.safetensors"))["vlbert.visual_embeddings.appearance_mean"]
     assert saved.abs().sum() > 0 and torch.equal(saved, feature_mean(c["regions"] for c in captions))
+    # The checkpoint the study wrote is a transformers one: its class and AutoModel load it.
+    import vlbert  # noqa: F401  (registers the Auto classes)
+    from transformers import AutoModel
+    from vlbert.modeling import VLBertForPreTraining, VLBertModel
+    model = VLBertForPreTraining.from_pretrained(out / "best")
+    encoder = AutoModel.from_pretrained(out / "best")
+    assert type(encoder) is VLBertModel and encoder.config.tune_frcnn is SETTINGS[name].tune_frcnn
+    assert torch.equal(encoder.visual_embeddings.appearance_mean, saved)
+    assert all(torch.equal(value, model.vlbert.state_dict()[key]) for key, value in encoder.state_dict().items())
 
 
 def test_other_image_order_pairs_each_image_with_one_of_as_many_regions():

@@ -31,6 +31,11 @@ class VLBertConfig(BertConfig):
                  tune_frcnn: bool = False, img_token_id: int = 1, end_token_id: int = 2,
                  type_vocab_size: int = 3, visual_scale_text_init: float = 0.0, **kwargs):
         kwargs.setdefault("attn_implementation", "sdpa")
+        # Checkpoints written before the models were transformers PreTrainedModels name their class
+        # in "architecture"; transformers reads "architectures". They load as they are.
+        legacy = kwargs.pop("architecture", None)
+        if legacy is not None and not kwargs.get("architectures"):
+            kwargs["architectures"] = [legacy]
         super().__init__(type_vocab_size=type_vocab_size, **kwargs)
         self.visual_feature_dim = visual_feature_dim
         self.geometry_wavelengths = geometry_wavelengths
@@ -45,3 +50,8 @@ class VLBertConfig(BertConfig):
     @property
     def geometry_dim(self) -> int:
         return 8 * self.geometry_wavelengths
+
+    def to_json_file(self, json_file_path, use_diff: bool = False):
+        # Every field, defaults included (transformers writes only those that differ): a
+        # checkpoint's config.json tells its reader what it is (tune_frcnn, num_answers, ...).
+        super().to_json_file(json_file_path, use_diff=use_diff)

@@ -45,11 +45,15 @@ class FastRCNN(nn.Module):
         self.roi_align = MultiScaleRoIAlign(["0"], output_size=config.roi_size, sampling_ratio=2)
         self.head = C5Head(config)
         self.trainable = trainable
+        self.set_requires_grad()
+
+    def set_requires_grad(self) -> None:
+        """BatchNorm's affine parameters stay frozen; the rest trains only when `trainable`."""
         for module in self.modules():
             if isinstance(module, nn.BatchNorm2d):
                 module.weight.requires_grad_(False)
                 module.bias.requires_grad_(False)
-        if not trainable:
+        if not self.trainable:
             self.requires_grad_(False)
 
     def train(self, mode: bool = True):

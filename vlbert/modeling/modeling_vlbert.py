@@ -8,32 +8,37 @@ text-only input takes one learned embedding, a masked RoI a learned mask embeddi
 its appearance (its geometry stays). The encoder is transformers' BertModel (attention through SDPA); token, segment
 and position embeddings and the LayerNorm are BERT's own.
 
-Reading order: weight init, visual embeddings, `VLBertModel`, then one class per head.
-Checkpoints are safetensors plus a JSON config (`save_pretrained` / `from_pretrained`).
+Reading order: weight init, visual embeddings, `VLBertPreTrainedModel` (init, checkpoints),
+`VLBertModel`, then one class per head. The classes are transformers `PreTrainedModel`s:
+`save_pretrained` / `from_pretrained` write and read safetensors plus config.json, and
+`import vlbert` registers them with AutoConfig / AutoModel / AutoModelForPreTraining.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import BertModel
+from transformers import BertModel, PreTrainedModel
 from transformers.models.bert.modeling_bert import BertOnlyMLMHead
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .configuration_vlbert import VLBertConfig
 from .fast_rcnn import FastRCNN
 
-WEIGHTS_NAME = "model.safetensors"
-CONFIG_NAME = "config.json"
 IGNORE_INDEX = -100
 
 
+# Adapted from transformers.models.bert.modeling_bert.BertPreTrainedModel._init_weights: the same
+# distributions, without zeroing an embedding's padding row (the study's results were drawn so).
 def init_weights(module: nn.Module, std: float = 0.02) -> None:
     """BERT's initialisation, for every new parameter: N(0, 0.02), LayerNorm 1 and 0, bias 0."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -104,16 +109,215 @@ class VLBertVisualEmbeddings(nn.Module):
         return self.projection(torch.cat([appearance, geometry], dim=-1))
 
 
-class VLBertModel(nn.Module):
-    def __init__(self, config: VLBertConfig):
-        super().__init__()
-        self.config = config
+@contextmanager
+def _transformers_quiet():
+    """transformers' warnings and progress bars off, for a load whose outcome we check ourselves."""
+    from transformers.utils import logging as hf_logging
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class VLBertPreTrainedModel(PreTrainedModel):
+    """Weight init, BERT loading and checkpoints, shared by `VLBertModel` and every head.
+
+    Initialisation draws from the RNG as the study's results were drawn, so that a seed gives the
+    same model as before these classes moved onto transformers: the modules' construction
+    defaults (BertModel's own init pass among them), then one pass of `init_weights` over every
+    module but the Fast R-CNN's, in module order, the encoder's included (`init_weights` below;
+    transformers' own pass would skip what BertModel initialised). `from_pretrained` builds the
+    model that same way, on the CPU rather than on the meta device, and loads the checkpoint over
+    it: a task head new on a pre-training checkpoint starts from the draws `cls(config)` makes,
+    and leaves the RNG where `cls(config)` leaves it.
+    """
+
+    config_class = VLBertConfig
+    base_model_prefix = "vlbert"
+    _supports_sdpa = True  # the attention is BertModel's
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        init_weights(module, self.config.initializer_range)
+
+    def init_weights(self) -> None:
+        """`post_init`'s pass: every module but the Fast R-CNN's (it keeps its detector init until
+        the detector's weights load), in module order, then the tying."""
+        if getattr(self, "_initialised_by_head", False):
+            return  # the head holding this model initialises it with its own weights, in one pass
+        fast_rcnn = self.base_model.fast_rcnn
+        detector = set(fast_rcnn.modules()) if fast_rcnn is not None else set()
+        for module in self.modules():
+            if module not in detector:
+                self._init_weights(module)
+            module._is_hf_initialized = True
+        self.tie_weights(recompute_mapping=False)
+
+    # ---- from_pretrained: built as cls(config) builds it --------------------------------------
+
+    @classmethod
+    def get_init_context(cls, dtype, is_quantized, _is_ds_init_called, allow_all_kernels=None):
+        # transformers' contexts less the meta device: the build initialises every weight.
+        contexts = super().get_init_context(dtype, is_quantized, _is_ds_init_called, allow_all_kernels)
+        return [c for c in contexts if not (isinstance(c, torch.device) and c.type == "meta")]
+
+    def _move_missing_keys_from_meta_to_device(self, missing_keys, device_map, device_mesh, hf_quantizer) -> None:
+        # Nothing is on the meta device (get_init_context): what the checkpoint lacks (a new head,
+        # the non-persistent buffers) keeps the values the build gave it, moved where the device
+        # map puts it, instead of being emptied to be initialised again.
+        if device_map is None:
+            return
+        from transformers.integrations.accelerate import get_device
+        names = set(missing_keys) - set(self.all_tied_weights_keys)
+        names |= {name for name, _ in self.named_non_persistent_buffers()}
+        for name in sorted(names):
+            owner, _, leaf = name.rpartition(".")
+            module = self.get_submodule(owner)
+            tensor = getattr(module, leaf)
+            device = get_device(device_map, name, valid_torch_device=True)
+            if isinstance(tensor, nn.Parameter):
+                tensor.data = tensor.data.to(device)
+            else:
+                setattr(module, leaf, tensor.to(device))
+
+    def _initialize_missing_keys(self, is_quantized: bool) -> None:
+        pass  # the build initialised every weight, with the draws cls(config) makes
+
+    @staticmethod
+    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
+        # A checkpoint of another class (a pre-training one into a task head) gives the encoder
+        # only: this model's head keeps the values the build drew, even where the two heads share
+        # names (VCR's masked RoI head and pre-training's).
+        new_head = {}
+        if model._checkpoint_class() != type(model).__name__:
+            new_head = {key: value.detach().clone() for key, value in model.state_dict().items()
+                        if not model._in_encoder(key) and key not in model.all_tied_weights_keys}
+        info, offload_index = PreTrainedModel._load_pretrained_model(model, state_dict, checkpoint_files,
+                                                                     load_config, expected_keys)
+        with torch.no_grad():
+            for key, value in new_head.items():
+                tensor = model.get_parameter_or_buffer(key)
+                tensor.copy_(value)
+                tensor._is_hf_initialized = False  # not loaded: reported as new
+        info.missing_keys.update(new_head)
+        return info, offload_index
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' from_pretrained (config fields as keyword arguments, e.g. tune_frcnn=False,
+        num_answers=...), then the checkpoint must fit: the encoder (`vlbert.*`) loads whole, and a
+        checkpoint of this class loads whole; one of another class (a pre-training checkpoint into
+        a task head) leaves its head behind, and this model's own head starts new."""
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args,
+                                              output_loading_info=True, **kwargs)
+        model._check_checkpoint_fits(pretrained_model_name_or_path, info)
+        if model.base_model.fast_rcnn is not None:
+            model.base_model.fast_rcnn.set_requires_grad()  # loading made every float parameter trainable
+        return (model, info) if output_loading_info else model
+
+    def _checkpoint_class(self) -> str:
+        """The class that wrote the checkpoint loaded (its config's), this one's if unnamed."""
+        return (self.config.architectures or [type(self).__name__])[0]
+
+    def _in_encoder(self, key: str) -> bool:
+        """Whether a weight's name is the encoder's, in either naming: its own or a head's."""
+        parts = tuple(f"{name}." for name, _ in self.base_model.named_children())
+        return key.removeprefix(f"{self.base_model_prefix}.").startswith(parts)
+
+    def _check_checkpoint_fits(self, source, info: dict) -> None:
+        stored = self._checkpoint_class()
+        missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+        if stored != type(self).__name__:  # another class's head stays behind; ours starts new
+            missing = [k for k in missing if self._in_encoder(k)]
+            unexpected = [k for k in unexpected if self._in_encoder(k)]
+        if missing or unexpected:
+            raise ValueError(f"{source}: checkpoint ({stored}) does not fit {type(self).__name__} "
+                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """transformers' save_pretrained, each file written whole: into a temporary folder beside
+        `save_directory`, then renamed into it one by one, so that a crash leaves each file old or
+        new, never half of one. Weight files of an earlier save that this one does not write go."""
+        folder = Path(save_directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        if kwargs.get("push_to_hub"):
+            kwargs.setdefault("repo_id", folder.name)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+        try:
+            super().save_pretrained(staging, *args, **kwargs)
+            written = {path.name for path in staging.iterdir()}
+            for name in sorted(written):
+                os.replace(staging / name, folder / name)
+            for stale in folder.glob(f"{Path(SAFE_WEIGHTS_NAME).stem}*.safetensors*"):
+                if stale.name not in written:
+                    stale.unlink()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # ---- BERT's text weights ------------------------------------------------------------------
+
+    def load_bert(self, checkpoint: str | Path) -> dict:
+        """Take text weights from a BERT checkpoint (local folder or hub id).
+
+        Returns {"loaded": [...], "new": [...], "ignored": [...]}: "new" must be only visual and
+        head parameters (and segment C, the third row of token_type_embeddings).
+        """
+        with _transformers_quiet():  # we report what was new ourselves, below
+            bert = BertModel.from_pretrained(str(checkpoint), add_pooling_layer=False)
+        encoder = self.base_model
+        prefix = "" if encoder is self else f"{self.base_model_prefix}."
+        state = bert.state_dict()
+        segments = state.pop("embeddings.token_type_embeddings.weight")
+        own = encoder.bert.state_dict()
+        if own["embeddings.token_type_embeddings.weight"].shape[1] != segments.shape[1]:
+            raise ValueError(f"{checkpoint}: hidden size {segments.shape[1]} differs from the config's")
+        with torch.no_grad():
+            encoder.bert.embeddings.token_type_embeddings.weight[: len(segments)] = segments
+        missing, unexpected = encoder.bert.load_state_dict(state, strict=False)
+        missing = [k for k in missing if k != "embeddings.token_type_embeddings.weight"]
+        if missing:
+            raise ValueError(f"{checkpoint}: BERT weights missing from the checkpoint: {missing[:5]}")
+        text_names = {f"{prefix}bert.{k}" for k in state} | {f"{prefix}bert.embeddings.token_type_embeddings.weight"}
+        tied = set(self.all_tied_weights_keys)
+        new = [n for n, _ in self.named_parameters() if n not in text_names and n not in tied
+               and not n.startswith(f"{prefix}fast_rcnn.")]
+        if len(segments) < self.config.type_vocab_size:
+            new.append(f"{prefix}bert.embeddings.token_type_embeddings.weight[segment C]")
+        return {"loaded": sorted(text_names), "new": new, "ignored": list(unexpected)}
+
+    def roi_hidden(self, hidden: torch.Tensor, roi_positions: torch.Tensor) -> torch.Tensor:
+        """[B, R, H]: the hidden state of each RoI's [IMG] element (zeros where there is none)."""
+        index = roi_positions.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        return hidden.gather(1, index) * (roi_positions >= 0).unsqueeze(-1)
+
+
+class VLBertModel(VLBertPreTrainedModel):
+    """The encoder: BERT over words and regions, and the Fast R-CNN that computes the regions'
+    features. `initialise=False`: a head holds it, and the head's `post_init` initialises it with
+    the head, in one pass (the draws of the study's results)."""
+
+    def __init__(self, config: VLBertConfig, initialise: bool = True):
+        super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
         self.visual_embeddings = VLBertVisualEmbeddings(config)
         self.fast_rcnn = None
         if config.frcnn is not None:
             from ..detection.model import DetectorConfig
             self.fast_rcnn = FastRCNN(DetectorConfig.from_json(config.frcnn), trainable=config.tune_frcnn)
+        self._initialised_by_head = not initialise
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.bert.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.bert.embeddings.word_embeddings = value
 
     def appearance(self, visual: VisualInputs) -> torch.Tensor:
         """[B, R, D] appearance features: the cached ones, or the Fast R-CNN's on the images.
@@ -166,100 +370,11 @@ class VLBertModel(nn.Module):
         return output.last_hidden_state
 
 
-class VLBertPreTrainedModel(nn.Module):
-    """Weight init, BERT loading and safetensors checkpoints, shared by every head."""
-
-    def __init__(self, config: VLBertConfig):
-        super().__init__()
-        self.config = config
-        self.vlbert = VLBertModel(config)
-
-    def post_init(self) -> None:
-        # The Fast R-CNN keeps its detector initialisation until the detector's weights load.
-        for name, module in self.named_modules():
-            if not name.startswith("vlbert.fast_rcnn"):
-                init_weights(module)
-
-    def load_bert(self, checkpoint: str | Path) -> dict:
-        """Take text weights from a BERT checkpoint (local folder or hub id).
-
-        Returns {"loaded": [...], "new": [...], "ignored": [...]}: "new" must be only visual and
-        head parameters (and segment C, the third row of token_type_embeddings).
-        """
-        from transformers.utils import logging as hf_logging
-        verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-        hf_logging.set_verbosity_error()  # we report what was new ourselves, below
-        hf_logging.disable_progress_bar()
-        try:
-            bert = BertModel.from_pretrained(str(checkpoint), add_pooling_layer=False)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            if bars:
-                hf_logging.enable_progress_bar()
-        state = bert.state_dict()
-        segments = state.pop("embeddings.token_type_embeddings.weight")
-        own = self.vlbert.bert.state_dict()
-        if own["embeddings.token_type_embeddings.weight"].shape[1] != segments.shape[1]:
-            raise ValueError(f"{checkpoint}: hidden size {segments.shape[1]} differs from the config's")
-        with torch.no_grad():
-            self.vlbert.bert.embeddings.token_type_embeddings.weight[: len(segments)] = segments
-        missing, unexpected = self.vlbert.bert.load_state_dict(state, strict=False)
-        missing = [k for k in missing if k != "embeddings.token_type_embeddings.weight"]
-        if missing:
-            raise ValueError(f"{checkpoint}: BERT weights missing from the checkpoint: {missing[:5]}")
-        text_names = {f"vlbert.bert.{k}" for k in state} | {"vlbert.bert.embeddings.token_type_embeddings.weight"}
-        tied = self._tied_parameter_names()
-        new = [n for n, _ in self.named_parameters() if n not in text_names and n not in tied
-               and not n.startswith("vlbert.fast_rcnn.")]
-        if len(segments) < self.config.type_vocab_size:
-            new.append("vlbert.bert.embeddings.token_type_embeddings.weight[segment C]")
-        return {"loaded": sorted(text_names), "new": new, "ignored": list(unexpected)}
-
-    def _tied_parameter_names(self) -> set[str]:
-        return set()
-
-    def save_pretrained(self, folder) -> None:
-        from .. import io
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        # Tied parameters are stored once, under the encoder's name.
-        tied = self._tied_parameter_names()
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items() if k not in tied}
-        with io.atomic_path(folder / WEIGHTS_NAME) as tmp:
-            save_file(state, str(tmp))
-        io.write_json(folder / CONFIG_NAME, {"architecture": type(self).__name__, **self.config.to_dict()}, indent=2)
-
-    @classmethod
-    def from_pretrained(cls, folder, **overrides):
-        """Load a checkpoint written by save_pretrained. `overrides` change config fields
-        (e.g. tune_frcnn); a pre-training checkpoint loads into any task head, whose own
-        parameters then start new."""
-        folder = Path(folder)
-        data = json.loads((folder / CONFIG_NAME).read_text())
-        architecture = data.pop("architecture", cls.__name__)
-        config = VLBertConfig(**{**data, **overrides})
-        model = cls(config)
-        state = load_file(str(folder / WEIGHTS_NAME))
-        same_architecture = architecture == cls.__name__
-        if not same_architecture:  # a task head starts new on top of the loaded encoder
-            state = {k: v for k, v in state.items() if k.startswith("vlbert.")}
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if k not in model._tied_parameter_names()
-                   and (same_architecture or k.startswith("vlbert."))]
-        if missing or unexpected:
-            raise ValueError(f"{folder}: checkpoint does not fit {cls.__name__} "
-                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
-        return model
-
-    def roi_hidden(self, hidden: torch.Tensor, roi_positions: torch.Tensor) -> torch.Tensor:
-        """[B, R, H]: the hidden state of each RoI's [IMG] element (zeros where there is none)."""
-        index = roi_positions.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-        return hidden.gather(1, index) * (roi_positions >= 0).unsqueeze(-1)
-
-
 class MaskedRoIHead(nn.Module):
     def __init__(self, config: VLBertConfig):
         super().__init__()
+        # Adapted from transformers.models.bert.modeling_bert.BertPredictionHeadTransform (dense,
+        # GELU, LayerNorm), then a classifier over the detector's classes.
         self.transform = nn.Sequential(nn.Linear(config.hidden_size, config.hidden_size), nn.GELU(),
                                        nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
         self.classifier = nn.Linear(config.hidden_size, config.num_visual_classes)
@@ -297,18 +412,28 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
     """Masked language modelling with visual clues (and on text-only input), masked RoI
     classification with linguistic clues, and sentence-image relation prediction on [CLS]."""
 
+    # Adapted from transformers.models.bert.modeling_bert.BertForPreTraining._tied_weights_keys:
+    # the decoder is the word embedding matrix, and the head's `bias` is the decoder's, stored
+    # once under the decoder's name (as checkpoints written before this declaration have it).
+    _tied_weights_keys = {"mlm.predictions.decoder.weight": "vlbert.bert.embeddings.word_embeddings.weight",
+                          "mlm.predictions.bias": "mlm.predictions.decoder.bias"}
+
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
+        self.vlbert = VLBertModel(config, initialise=False)
         self.mlm = BertOnlyMLMHead(config)
         self.roi_head = MaskedRoIHead(config)
         self.relation_head = nn.Linear(config.hidden_size, 1)
         self.post_init()
-        # BERT's tying: the decoder is the word embedding matrix, its bias the head's `bias`.
-        self.mlm.predictions.decoder.weight = self.vlbert.bert.embeddings.word_embeddings.weight
-        self.mlm.predictions.bias = self.mlm.predictions.decoder.bias
 
-    def _tied_parameter_names(self) -> set[str]:
-        return {"mlm.predictions.decoder.weight", "mlm.predictions.bias"}
+    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.get_output_embeddings with cls->mlm
+    def get_output_embeddings(self):
+        return self.mlm.predictions.decoder
+
+    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.set_output_embeddings with cls->mlm
+    def set_output_embeddings(self, new_embeddings):
+        self.mlm.predictions.decoder = new_embeddings
+        self.mlm.predictions.bias = new_embeddings.bias
 
     def forward(self, input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual=None,
                 text_only=None, roi_positions=None, mlm_labels=None, roi_labels=None, relation_labels=None):
@@ -352,6 +477,7 @@ class VLBertForVQA(VLBertPreTrainedModel):
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
+        self.vlbert = VLBertModel(config, initialise=False)
         if config.num_answers < 1:
             raise ValueError("VLBertForVQA needs config.num_answers (the answer vocabulary size)")
         self.classifier = _classifier(config, config.num_answers)
@@ -374,6 +500,7 @@ class VLBertForVCR(VLBertPreTrainedModel):
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
+        self.vlbert = VLBertModel(config, initialise=False)
         self.classifier = _classifier(config, 1)
         self.roi_head = MaskedRoIHead(config)
         self.post_init()
@@ -398,6 +525,7 @@ class VLBertForRefCOCO(VLBertPreTrainedModel):
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
+        self.vlbert = VLBertModel(config, initialise=False)
         self.classifier = _classifier(config, 1)
         self.post_init()
 
