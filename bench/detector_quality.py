@@ -36,8 +36,10 @@ def main() -> None:
     model, config = load_detector(args.detector, args.device)
     names = [val.cats[c]["name"] for c in sorted(val.cats)]
     if names != config.class_names:
-        raise SystemExit(f"{data}: the val categories are not the detector's classes ({len(names)} vs "
-                         f"{len(config.class_names)}; first {names[:2]} vs {config.class_names[:2]})")
+        raise SystemExit(
+            f"{data}: the val categories are not the detector's classes ({len(names)} vs "
+            f"{len(config.class_names)}; first {names[:2]} vs {config.class_names[:2]})"
+        )
 
     start = time.perf_counter()
     scores = evaluate_coco(model, val, device=args.device)

@@ -40,7 +40,7 @@ def main() -> None:
     model, config = load_detector(args.detector)
     backend = TorchvisionBackend(model, config, BoxRule())
     images = [load_image(item.path) for item in items]
-    batches = [images[k:k + args.batch_size] for k in range(0, len(images), args.batch_size)]
+    batches = [images[k : k + args.batch_size] for k in range(0, len(images), args.batch_size)]
 
     def bare() -> float:
         start = time.perf_counter()
@@ -55,7 +55,8 @@ def main() -> None:
             extract_to_store(backend, items, Path(out) / "features.h5", batch_size=args.batch_size, progress=False)
             return time.perf_counter() - start
 
-    bare(); end_to_end()  # warm-up: allocator, thread pools, page cache
+    bare()
+    end_to_end()  # warm-up: allocator, thread pools, page cache
     bare_s = min(bare() for _ in range(args.repeats))
     e2e_s = min(end_to_end() for _ in range(args.repeats))
     n = len(items)

@@ -30,7 +30,8 @@ SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, interme
 
 
 def timed(step, repeats: int) -> float:
-    step(); step()  # warm-up
+    step()
+    step()  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -53,6 +54,7 @@ def main() -> None:
 
     if args.detector:
         from vlbert.detection.model import load_detector
+
         detector, det_config = load_detector(args.detector)
     else:
         det_config = DetectorConfig(class_names=[str(i) for i in range(6)])
@@ -62,11 +64,12 @@ def main() -> None:
     encodings = pad_batch([processor.encode(text, num_rois=args.rois)] * args.batch)
     length = encodings["input_ids"].shape[1]
     mlm_labels = torch.full_like(encodings["input_ids"], -100)
-    mlm_labels[:, 1:args.text - 1:6] = 2773
+    mlm_labels[:, 1 : args.text - 1 : 6] = 2773
 
     images = [torch.rand(3, det_config.image_size, det_config.image_size) for _ in range(args.batch)]
-    boxes = torch.tensor([[0, 0, 96, 96]] + [[8 * k, 8 * k, 8 * k + 30, 8 * k + 30] for k in range(args.rois)],
-                         dtype=torch.float32).expand(args.batch, -1, -1)
+    boxes = torch.tensor(
+        [[0, 0, 96, 96]] + [[8 * k, 8 * k, 8 * k + 30, 8 * k + 30] for k in range(args.rois)], dtype=torch.float32
+    ).expand(args.batch, -1, -1)
     sizes = torch.tensor([[96, 96]]).expand(args.batch, -1)
     valid = torch.ones(args.batch, args.rois + 1, dtype=torch.bool)
     features = torch.rand(args.batch, args.rois + 1, det_config.feature_dim)
@@ -74,8 +77,13 @@ def main() -> None:
     roi_labels[:, 1:4] = 2
 
     def vlbert_step(tune: bool, with_roi: bool, cached: bool):
-        config = VLBertConfig(**SIZE, visual_feature_dim=det_config.feature_dim, frcnn=det_config.to_json(),
-                              tune_frcnn=tune, num_visual_classes=det_config.num_classes)
+        config = VLBertConfig(
+            **SIZE,
+            visual_feature_dim=det_config.feature_dim,
+            frcnn=det_config.to_json(),
+            tune_frcnn=tune,
+            num_visual_classes=det_config.num_classes,
+        )
         model = VLBertForPreTraining(config).train()
         model.vlbert.fast_rcnn.load_detector_state(detector.state_dict())
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
@@ -87,6 +95,7 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             out.loss.backward()
             optimizer.step()
+
         return step
 
     bert_config = BertConfig(**SIZE, type_vocab_size=3, attn_implementation="sdpa")
@@ -95,8 +104,11 @@ def main() -> None:
     masked = mlm_labels != -100
 
     def bert_step():
-        hidden = bert(input_ids=encodings["input_ids"], token_type_ids=encodings["token_type_ids"],
-                      attention_mask=encodings["attention_mask"]).last_hidden_state
+        hidden = bert(
+            input_ids=encodings["input_ids"],
+            token_type_ids=encodings["token_type_ids"],
+            attention_mask=encodings["attention_mask"],
+        ).last_hidden_state
         loss = F.cross_entropy(head(hidden[masked]), mlm_labels[masked])
         bert_optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -113,13 +125,18 @@ def main() -> None:
     recompute_s = timed(vlbert_step(tune=False, with_roi=True, cached=False), args.repeats)
     tune_s = timed(vlbert_step(tune=True, with_roi=True, cached=False), args.repeats)
 
-    print(f"batch {args.batch}, sequence {length} ({args.text} text + {args.rois} RoIs + [END]), "
-          f"hidden {SIZE['hidden_size']} x {SIZE['num_hidden_layers']} layers, {args.threads} threads")
+    print(
+        f"batch {args.batch}, sequence {length} ({args.text} text + {args.rois} RoIs + [END]), "
+        f"hidden {SIZE['hidden_size']} x {SIZE['num_hidden_layers']} layers, {args.threads} threads"
+    )
     print(f"{'step':44} {'ms':>8} {'vs bert':>8}")
-    for name, seconds in [("BertModel + MLM head", bert_s), ("VL-BERT, cached features, MLM", vl_s),
-                          ("VL-BERT, cached, MLM + masked RoI", roi_s),
-                          ("VL-BERT, frozen Fast R-CNN recomputing", recompute_s),
-                          ("VL-BERT, tune_frcnn on", tune_s)]:
+    for name, seconds in [
+        ("BertModel + MLM head", bert_s),
+        ("VL-BERT, cached features, MLM", vl_s),
+        ("VL-BERT, cached, MLM + masked RoI", roi_s),
+        ("VL-BERT, frozen Fast R-CNN recomputing", recompute_s),
+        ("VL-BERT, tune_frcnn on", tune_s),
+    ]:
         print(f"{name:44} {1000 * seconds:8.1f} {seconds / bert_s:8.2f}")
     print(f"ratio VL-BERT (cached, frozen) / BERT (target <= 1.10): {vl_s / bert_s:.2f}")
     print(f"cost of tune_frcnn on, against cached features: {tune_s / roi_s:.2f}x")

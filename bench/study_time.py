@@ -31,11 +31,27 @@ STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$", re.M)
 def run_study(preset: str, workdir: Path, cores: int) -> float:
     started = time.time()
     env_bin = str(Path(sys.executable).parent)
-    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-                    "--profile", str(REPO / "workflow/profiles/default"), "--cores", str(cores),
-                    "--configfile", str(REPO / "experiments" / f"{preset}.yaml"), "--directory", str(workdir)],
-                   check=True, env={**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--profile",
+            str(REPO / "workflow/profiles/default"),
+            "--cores",
+            str(cores),
+            "--configfile",
+            str(REPO / "experiments" / f"{preset}.yaml"),
+            "--directory",
+            str(workdir),
+        ],
+        check=True,
+        env={**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.time() - started
 
 
@@ -62,7 +78,9 @@ def stage_table(benchmarks: Path) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="smoke", choices=sorted(BUDGET_SECONDS))
-    parser.add_argument("--workdir", type=Path, help="a finished run's folder (default: run the study in a temp folder)")
+    parser.add_argument(
+        "--workdir", type=Path, help="a finished run's folder (default: run the study in a temp folder)"
+    )
     parser.add_argument("--cores", type=int, default=2)
     args = parser.parse_args()
     if args.workdir:
@@ -73,8 +91,10 @@ def main() -> None:
     print(stage_table(workdir / "results" / args.preset / "benchmarks").to_string())
     if wall is not None:
         budget = BUDGET_SECONDS[args.preset]
-        print(f"\n{args.preset} study: {wall / 60:.1f} min wall on {args.cores} cores; "
-              f"ratio to its {budget // 60}-minute budget: {wall / budget:.2f}")
+        print(
+            f"\n{args.preset} study: {wall / 60:.1f} min wall on {args.cores} cores; "
+            f"ratio to its {budget // 60}-minute budget: {wall / budget:.2f}"
+        )
 
 
 if __name__ == "__main__":

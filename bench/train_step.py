@@ -37,17 +37,33 @@ def main() -> None:
     results = Path("results") / preset["name"]
     bert = results / "bert_init" / "bert"
     processor = load_processor(bert, preset["model"].get("max_text_length", 64))
-    common = dict(data_root=preset["data"]["root"], features_dir=results / "features", tracker=NullTracker(),
-                  processor=processor, progress=False, max_steps=args.steps)
+    common = dict(
+        data_root=preset["data"]["root"],
+        features_dir=results / "features",
+        tracker=NullTracker(),
+        processor=processor,
+        progress=False,
+        max_steps=args.steps,
+    )
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.settings:
-            speed = pretrain(preset, SETTINGS[name], bert, results / "detector", out=Path(scratch) / f"pretrain_{name}",
-                             **common)
+            speed = pretrain(
+                preset, SETTINGS[name], bert, results / "detector", out=Path(scratch) / f"pretrain_{name}", **common
+            )
             rows.append((f"pretrain {name}", preset["pretrain"]["batch_size"], speed))
         for task in args.tasks:
-            speed = finetune(preset, SETTINGS["no_pretrain"], task, 1e-3, 0, Path(scratch) / f"finetune_{task}",
-                             bert=bert, detector_dir=results / "detector", **common)
+            speed = finetune(
+                preset,
+                SETTINGS["no_pretrain"],
+                task,
+                1e-3,
+                0,
+                Path(scratch) / f"finetune_{task}",
+                bert=bert,
+                detector_dir=results / "detector",
+                **common,
+            )
             key = {"vqa": "vqa", "refcoco_det": "refcoco", "refcoco_gt": "refcoco"}.get(task, "vcr")
             rows.append((f"finetune {task}", preset["finetune"][key]["batch_size"], speed))
     print(f"{preset['name']} preset, {args.steps} steps each, {args.threads} threads")

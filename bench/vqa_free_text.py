@@ -71,15 +71,23 @@ def main() -> None:
     questions_path = data / f"v2_OpenEnded_mscoco_{args.split}_questions.json"
     asked = {q["question_id"] for q in load_json(questions_path, "VQA questions")["questions"]}
     annotations = {q: a for q, a in read_annotations(annotations_path).items() if q in asked}
-    predictions = free_text_predictions(annotations, read_annotations(data / "v2_mscoco_train2014_annotations.json"),
-                                        read_answer_vocabulary(data / "answers_vqa.txt"), args.seed)
+    predictions = free_text_predictions(
+        annotations,
+        read_annotations(data / "v2_mscoco_train2014_annotations.json"),
+        read_answer_vocabulary(data / "answers_vqa.txt"),
+        args.seed,
+    )
     Path(args.out).write_text(json.dumps([{"question_id": q, "answer": a} for q, a in predictions.items()]))
     result = vqa_accuracy(annotations, predictions)
-    print(json.dumps({k: result[k] for k in ("overall", "perAnswerType", "perQuestionType")}, indent=1, sort_keys=True))
-    print(f"\nofficial: python run_official.py {annotations_path} {questions_path} {args.out}\n"
-          "  where run_official.py, beside your copy of vqa.py and vqaEval.py, does:\n"
-          "  vqa = VQA(annotations, questions); res = vqa.loadRes(results, questions);\n"
-          "  e = VQAEval(vqa, res, n=2); e.evaluate(); print(e.accuracy)")
+    print(
+        json.dumps({k: result[k] for k in ("overall", "perAnswerType", "perQuestionType")}, indent=1, sort_keys=True)
+    )
+    print(
+        f"\nofficial: python run_official.py {annotations_path} {questions_path} {args.out}\n"
+        "  where run_official.py, beside your copy of vqa.py and vqaEval.py, does:\n"
+        "  vqa = VQA(annotations, questions); res = vqa.loadRes(results, questions);\n"
+        "  e = VQAEval(vqa, res, n=2); e.evaluate(); print(e.accuracy)"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ sys.path.insert(0, str(FIXTURES))
 @pytest.fixture(scope="session")
 def smoke_config():
     from vlbert.config import load_config
+
     return load_config(REPO / "experiments" / "smoke.yaml")
 
 
@@ -21,6 +22,7 @@ def smoke_world(smoke_config, tmp_path_factory):
     """The smoke preset's synthetic world, generated once per test session."""
     from vlbert.config import synthetic_spec
     from vlbert.data.synthetic import make_world
+
     out = tmp_path_factory.mktemp("smoke_world")
     make_world(synthetic_spec(smoke_config), out, progress=False)
     return out
@@ -31,6 +33,7 @@ def smoke_detector(smoke_config, smoke_world, tmp_path_factory):
     import torch
     from vlbert.detection.train import train_detector
     from vlbert.tracking import NullTracker
+
     out = tmp_path_factory.mktemp("detector")
     torch.set_num_threads(2)
     metrics = train_detector(smoke_world / "detector", out, smoke_config["detector"], NullTracker())
@@ -42,6 +45,7 @@ def smoke_detector(smoke_config, smoke_world, tmp_path_factory):
 def refcoco_fixture(tmp_path):
     """The hand-written RefCOCO+ fixture as REFER ships it: instances.json + a protocol-2 pickle."""
     from refcoco.refs import REFS
+
     shutil.copy(FIXTURES / "refcoco" / "instances.json", tmp_path / "instances.json")
     (tmp_path / "refs(unc).p").write_bytes(pickle.dumps(REFS, protocol=2))
     return tmp_path
@@ -56,21 +60,55 @@ def smoke_study(smoke_config, smoke_world, smoke_detector, tmp_path_factory):
     from vlbert.detection.model import load_detector
     from vlbert.detection.rules import BoxRule
     from vlbert.detection.sources import image_items
+
     root = tmp_path_factory.mktemp("smoke_study")
     model, det_config = load_detector(smoke_detector)
     backend = TorchvisionBackend(model, det_config, BoxRule())
-    stores = [("conceptual_captions", "train", "det"), ("conceptual_captions", "val", "det"),
-              ("vqa", "train2014", "det"), ("vqa", "val2014", "det"), ("vqa", "test-dev2015", "det"),
-              ("vcr", "train", "gt"), ("vcr", "val", "gt"), ("vcr", "test", "gt"),
-              ("refcoco+", "all", "det"), ("refcoco+", "all", "gt")]
+    stores = [
+        ("conceptual_captions", "train", "det"),
+        ("conceptual_captions", "val", "det"),
+        ("vqa", "train2014", "det"),
+        ("vqa", "val2014", "det"),
+        ("vqa", "test-dev2015", "det"),
+        ("vcr", "train", "gt"),
+        ("vcr", "val", "gt"),
+        ("vcr", "test", "gt"),
+        ("refcoco+", "all", "det"),
+        ("refcoco+", "all", "gt"),
+    ]
     for dataset, split, boxes in stores:
         items = image_items(smoke_world / dataset, dataset, split, gt_boxes=boxes == "gt")
-        extract_to_store(backend, items, root / "features" / f"{dataset}.{split}.{boxes}.h5", progress=False,
-                         attrs={"dataset": dataset, "split": split})
-    assert main(["bert-init", "--config", str(REPO / "experiments/smoke.yaml"), "--data", str(smoke_world),
-                 "--out", str(root / "bert_init"), "--quiet", "--no-tracking"]) == 0
-    paths = {"root": root, "data": smoke_world, "detector": smoke_detector, "features": root / "features",
-             "bert": root / "bert_init" / "bert", "preset": REPO / "experiments/smoke.yaml"}
+        extract_to_store(
+            backend,
+            items,
+            root / "features" / f"{dataset}.{split}.{boxes}.h5",
+            progress=False,
+            attrs={"dataset": dataset, "split": split},
+        )
+    assert (
+        main(
+            [
+                "bert-init",
+                "--config",
+                str(REPO / "experiments/smoke.yaml"),
+                "--data",
+                str(smoke_world),
+                "--out",
+                str(root / "bert_init"),
+                "--quiet",
+                "--no-tracking",
+            ]
+        )
+        == 0
+    )
+    paths = {
+        "root": root,
+        "data": smoke_world,
+        "detector": smoke_detector,
+        "features": root / "features",
+        "bert": root / "bert_init" / "bert",
+        "preset": REPO / "experiments/smoke.yaml",
+    }
     return paths
 
 
@@ -84,9 +122,13 @@ def smoke_validation(smoke_study, smoke_config):
     from vlbert.engine.build import load_processor
     from vlbert.engine.data import CaptionDataset, PretrainCollator
     from vlbert.study.registry import SETTINGS
-    val = CaptionDataset(smoke_study["data"] / "conceptual_captions", "val",
-                         FeatureStore(smoke_study["features"] / "conceptual_captions.val.det.h5"),
-                         smoke_config.get("model", {}).get("max_rois"))
+
+    val = CaptionDataset(
+        smoke_study["data"] / "conceptual_captions",
+        "val",
+        FeatureStore(smoke_study["features"] / "conceptual_captions.val.det.h5"),
+        smoke_config.get("model", {}).get("max_rois"),
+    )
     processor = load_processor(smoke_study["bert"], 40)
     setting = dataclasses.replace(SETTINGS["a"], masked_roi=False, sentence_image=False)
     return val, processor, PretrainCollator(processor, setting, val)
@@ -94,8 +136,21 @@ def smoke_validation(smoke_study, smoke_config):
 
 def study_args(study, *extra):
     """CLI arguments that point a training verb at the smoke study's files."""
-    return ["--config", str(study["preset"]), "--data", str(study["data"]), "--features", str(study["features"]),
-            "--detector", str(study["detector"]), "--bert", str(study["bert"]), "--quiet", "--no-tracking", *extra]
+    return [
+        "--config",
+        str(study["preset"]),
+        "--data",
+        str(study["data"]),
+        "--features",
+        str(study["features"]),
+        "--detector",
+        str(study["detector"]),
+        "--bert",
+        str(study["bert"]),
+        "--quiet",
+        "--no-tracking",
+        *extra,
+    ]
 
 
 def tiny_store(path, keys=("1",), **attrs):
@@ -104,10 +159,20 @@ def tiny_store(path, keys=("1",), **attrs):
 
     import numpy as np
     from vlbert.data.feature_store import merge_shards, write_shard
-    results = [SimpleNamespace(boxes=np.zeros((2, 4), np.float32), labels=np.zeros(2, np.int64),
-                               probs=np.zeros((2, 3), np.float32), scores=np.zeros(2, np.float32),
-                               features=np.full((2, 8), k, np.float32), box_ids=np.full(2, -1, np.int64),
-                               width=10, height=10) for k in range(len(keys))]
+
+    results = [
+        SimpleNamespace(
+            boxes=np.zeros((2, 4), np.float32),
+            labels=np.zeros(2, np.int64),
+            probs=np.zeros((2, 3), np.float32),
+            scores=np.zeros(2, np.float32),
+            features=np.full((2, 8), k, np.float32),
+            box_ids=np.full(2, -1, np.int64),
+            width=10,
+            height=10,
+        )
+        for k in range(len(keys))
+    ]
     shard = path.with_name(path.name + ".shard.npz")
     write_shard(shard, list(keys), results, [])
     merge_shards([shard], path, {"mode": "detected", "feature_dim": 8, **attrs})

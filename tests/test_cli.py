@@ -15,6 +15,7 @@ from vlbert.cli import main
 def _raise(exc):
     def verb(args):
         raise exc
+
     return verb
 
 
@@ -50,8 +51,17 @@ def _non_finite_loss(tmp_path):
     model = torch.nn.Linear(2, 1)
     optimizer = build_optimizer(model, {"lr": 0.1})
     loss_fn = lambda model, batch: (model(batch["x"]).sum() * math.nan, {"mlm": torch.tensor(math.nan)})
-    loop = TrainingLoop(model, optimizer, build_scheduler(optimizer, {}, 2, 1), LoopConfig(1, 2), tmp_path,
-                        lambda epoch, b: {"x": torch.ones(1, 2)}, loss_fn, NullTracker(), progress=False)
+    loop = TrainingLoop(
+        model,
+        optimizer,
+        build_scheduler(optimizer, {}, 2, 1),
+        LoopConfig(1, 2),
+        tmp_path,
+        lambda epoch, b: {"x": torch.ones(1, 2)},
+        loss_fn,
+        NullTracker(),
+        progress=False,
+    )
     try:
         loop.fit()
     except FloatingPointError as exc:
@@ -60,8 +70,10 @@ def _non_finite_loss(tmp_path):
 
 # Each: the error as it arises, and what its one line must say.
 FAILURES = {
-    "permission denied": (lambda tmp: PermissionError(13, "Permission denied", str(tmp / "refs(unc).p")),
-                          "Permission denied: "),
+    "permission denied": (
+        lambda tmp: PermissionError(13, "Permission denied", str(tmp / "refs(unc).p")),
+        "Permission denied: ",
+    ),
     "a directory for a file": (_is_a_directory, "Is a directory: "),
     "corrupt HDF5 store": (_corrupt_hdf5, "file signature not found"),
     "corrupt pickle": (lambda tmp: _unpickling(b"\x99junk"), "invalid load key"),
@@ -86,7 +98,10 @@ def test_a_truncated_refs_pickle_is_one_line(refcoco_fixture, tmp_path, capsys):
     refs = refcoco_fixture / "refs(unc).p"
     refs.write_bytes(refs.read_bytes()[:40])
     (tmp_path / "pred.json").write_text("[]")
-    assert main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(tmp_path / "pred.json")]) == 2
+    assert (
+        main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(tmp_path / "pred.json")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("vlbert evaluate: error: ") and err.count("\n") == 1
 

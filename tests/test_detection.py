@@ -32,6 +32,7 @@ def backend(smoke_detector):
 
 # ---- the rule --------------------------------------------------------------------------------
 
+
 def _proposals(confidences, classes=3):
     """Far-apart boxes (no NMS suppression) whose best foreground class has the given probability."""
     n = len(confidences)
@@ -42,21 +43,24 @@ def _proposals(confidences, classes=3):
     return boxes, probs
 
 
-@pytest.mark.parametrize("confidences, expected", [
-    ([0.9] * 3 + [0.1] * 20, 10),          # 3 above 0.2: topped up to min_boxes
-    ([0.9] * 40 + [0.1] * 5, 40),          # between the bounds: exactly those above
-    ([0.9] * 3 + [0.3] * 12 + [0.1] * 5, 15),  # the paper's conf_thresh is 0.2: a 0.3 box is kept
-    ([0.9] * 150, 100),                    # more than max_boxes: capped
-    ([0.9] * 4, 4),                        # fewer proposals than min_boxes: all of them
-])
+@pytest.mark.parametrize(
+    "confidences, expected",
+    [
+        ([0.9] * 3 + [0.1] * 20, 10),  # 3 above 0.2: topped up to min_boxes
+        ([0.9] * 40 + [0.1] * 5, 40),  # between the bounds: exactly those above
+        ([0.9] * 3 + [0.3] * 12 + [0.1] * 5, 15),  # the paper's conf_thresh is 0.2: a 0.3 box is kept
+        ([0.9] * 150, 100),  # more than max_boxes: capped
+        ([0.9] * 4, 4),  # fewer proposals than min_boxes: all of them
+    ],
+)
 def test_rule_keeps_between_min_and_max(confidences, expected):
     kept, confidence = select_boxes(*_proposals(confidences), BoxRule())
     assert len(kept) == expected
-    assert torch.all(confidence[:-1] >= confidence[1:])          # best first
+    assert torch.all(confidence[:-1] >= confidence[1:])  # best first
 
 
 def test_rule_confidence_counts_only_classes_a_box_survives_nms():
-    boxes = torch.tensor([[0.0, 0, 10, 10], [0.5, 0, 10.5, 10]])   # IoU ~0.9: one suppresses the other
+    boxes = torch.tensor([[0.0, 0, 10, 10], [0.5, 0, 10.5, 10]])  # IoU ~0.9: one suppresses the other
     probs = torch.tensor([[0.1, 0.8, 0.1], [0.1, 0.7, 0.2]])
     kept, confidence = select_boxes(boxes, probs, BoxRule(min_boxes=2))
     # Box 1 loses class 1 to box 0 but survives as class 2 (0.2), the only class it is kept for.
@@ -64,8 +68,9 @@ def test_rule_confidence_counts_only_classes_a_box_survives_nms():
 
 
 def test_rule_numbers_are_configurable():
-    kept, _ = select_boxes(*_proposals([0.9] * 3 + [0.6] * 5 + [0.1] * 20),
-                           BoxRule(score_threshold=0.7, min_boxes=2, max_boxes=4))
+    kept, _ = select_boxes(
+        *_proposals([0.9] * 3 + [0.6] * 5 + [0.1] * 20), BoxRule(score_threshold=0.7, min_boxes=2, max_boxes=4)
+    )
     assert len(kept) == 3
     with pytest.raises(ValueError, match="min_boxes <= max_boxes"):
         BoxRule(min_boxes=5, max_boxes=4)
@@ -74,6 +79,7 @@ def test_rule_numbers_are_configurable():
 def test_extraction_applies_the_rule_plus_the_whole_image(backend, smoke_world):
     items = image_items(smoke_world / "vqa", "vqa", "val2014")[:6]
     from vlbert.detection.train import load_image
+
     results = backend.extract([load_image(i.path) for i in items], [None] * len(items))
     for r in results:
         assert 10 <= len(r.boxes) - 1 <= 100
@@ -84,6 +90,7 @@ def test_extraction_applies_the_rule_plus_the_whole_image(backend, smoke_world):
 
 
 # ---- ground-truth boxes ----------------------------------------------------------------------
+
 
 def test_ground_truth_mode_describes_the_given_boxes(backend, smoke_world, tmp_path):
     items = image_items(smoke_world / "refcoco+", "refcoco+", "all", gt_boxes=True)[:8]
@@ -100,15 +107,34 @@ def test_ground_truth_mode_describes_the_given_boxes(backend, smoke_world, tmp_p
 
 # ---- resume after a kill ---------------------------------------------------------------------
 
+
 def _read_all(path):
     with h5py.File(path, "r") as f:
         return {name: f[name][()] for name in f}, dict(f.attrs)
 
 
 def test_killed_extraction_resumes_to_the_same_file(smoke_detector, smoke_world, tmp_path):
-    command = [sys.executable, "-m", "vlbert.cli", "extract-rois", "--config", str(REPO / "experiments/smoke.yaml"),
-               "--data", str(smoke_world), "--detector", str(smoke_detector), "--dataset", "conceptual_captions",
-               "--split", "train", "--batch-size", "2", "--quiet", "--threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "vlbert.cli",
+        "extract-rois",
+        "--config",
+        str(REPO / "experiments/smoke.yaml"),
+        "--data",
+        str(smoke_world),
+        "--detector",
+        str(smoke_detector),
+        "--dataset",
+        "conceptual_captions",
+        "--split",
+        "train",
+        "--batch-size",
+        "2",
+        "--quiet",
+        "--threads",
+        "1",
+    ]
     parts = tmp_path / "killed.h5.parts"
     process = subprocess.Popen(command + ["--out", str(tmp_path / "killed.h5")])
     deadline = time.time() + 120
@@ -132,12 +158,14 @@ def test_killed_extraction_resumes_to_the_same_file(smoke_detector, smoke_world,
 
 # ---- bad images ------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def items_with_a_corrupt_image(smoke_world, tmp_path):
     items = image_items(smoke_world / "vqa", "vqa", "val2014")[:5]
     corrupt = tmp_path / "corrupt.jpg"
     corrupt.write_bytes(b"\xff\xd8\xff not a jpeg")
     from dataclasses import replace
+
     return items[:2] + [replace(items[2], path=corrupt), replace(items[3], path=tmp_path / "missing.jpg")] + items[4:]
 
 
@@ -148,8 +176,9 @@ def test_bad_image_is_an_error_naming_it(backend, items_with_a_corrupt_image, tm
 
 
 def test_bad_images_skipped_are_counted_and_recorded(backend, items_with_a_corrupt_image, tmp_path):
-    summary = extract_to_store(backend, items_with_a_corrupt_image, tmp_path / "f.h5", batch_size=2,
-                               on_bad_image="skip", progress=False)
+    summary = extract_to_store(
+        backend, items_with_a_corrupt_image, tmp_path / "f.h5", batch_size=2, on_bad_image="skip", progress=False
+    )
     assert summary == {"images": 3, "regions": summary["regions"], "skipped": 2}
     with FeatureStore(tmp_path / "f.h5") as store:
         assert store.attrs["num_skipped"] == 2 and len(store) == 3
@@ -161,8 +190,9 @@ def test_bad_images_skipped_are_counted_and_recorded(backend, items_with_a_corru
 
 # ---- detectron2 ------------------------------------------------------------------------------
 
+
 def test_detectron2_missing_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "detectron2", None)   # not importable, even where installed
+    monkeypatch.setitem(sys.modules, "detectron2", None)  # not importable, even where installed
     with pytest.raises(ImportError, match="not on PyPI: build it from source") as info:
         Detectron2Backend("cfg.yaml", "weights.pkl", BoxRule())
     assert str(info.value) == DETECTRON2_MISSING
@@ -170,36 +200,80 @@ def test_detectron2_missing_says_how_to_install(monkeypatch):
 
 def test_detectron2_backend_is_chosen_by_the_preset(monkeypatch, smoke_config):
     from vlbert.detection.backends import build_backend
+
     monkeypatch.setitem(sys.modules, "detectron2", None)
-    config = {**smoke_config, "detector": {"backend": "detectron2",
-                                           "detectron2": {"config": "c.yaml", "weights": "w.pkl"}}}
+    config = {
+        **smoke_config,
+        "detector": {"backend": "detectron2", "detectron2": {"config": "c.yaml", "weights": "w.pkl"}},
+    }
     with pytest.raises(ImportError, match="detectron2"):
         build_backend(config)
 
 
 # ---- the smoke preset end to end -------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_smoke_preset_trains_a_detector_and_extracts_every_data_set(smoke_world, tmp_path):
     cli = [sys.executable, "-m", "vlbert.cli"]
     preset = str(REPO / "experiments/smoke.yaml")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    subprocess.run(cli + ["train-detector", "--config", preset, "--data", str(smoke_world / "detector"),
-                          "--out", str(tmp_path / "detector")], check=True, env=env)
+    subprocess.run(
+        cli
+        + [
+            "train-detector",
+            "--config",
+            preset,
+            "--data",
+            str(smoke_world / "detector"),
+            "--out",
+            str(tmp_path / "detector"),
+        ],
+        check=True,
+        env=env,
+    )
     assert (tmp_path / "detector/detector.safetensors").is_file()
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     [run] = client.search_runs([client.get_experiment_by_name("vlbert-ablation-smoke").experiment_id])
     assert "val_mAP50" in run.data.metrics and "loss" in run.data.metrics and run.data.tags["stage"] == "detector"
-    jobs = [("conceptual_captions", "train", False), ("conceptual_captions", "val", False),
-            ("vqa", "train2014", False), ("vqa", "val2014", False), ("vqa", "test-dev2015", False),
-            ("vcr", "train", True), ("vcr", "val", True), ("vcr", "test", True),
-            ("refcoco+", "all", False), ("refcoco+", "all", True)]
+    jobs = [
+        ("conceptual_captions", "train", False),
+        ("conceptual_captions", "val", False),
+        ("vqa", "train2014", False),
+        ("vqa", "val2014", False),
+        ("vqa", "test-dev2015", False),
+        ("vcr", "train", True),
+        ("vcr", "val", True),
+        ("vcr", "test", True),
+        ("refcoco+", "all", False),
+        ("refcoco+", "all", True),
+    ]
     for dataset, split, gt in jobs:
         out = tmp_path / f"{dataset}_{split}{'_gt' if gt else ''}.h5"
-        assert main(["extract-rois", "--config", preset, "--data", str(smoke_world), "--detector",
-                     str(tmp_path / "detector"), "--dataset", dataset, "--split", split, "--out", str(out),
-                     "--quiet"] + (["--gt-boxes"] if gt else [])) == 0
+        assert (
+            main(
+                [
+                    "extract-rois",
+                    "--config",
+                    preset,
+                    "--data",
+                    str(smoke_world),
+                    "--detector",
+                    str(tmp_path / "detector"),
+                    "--dataset",
+                    dataset,
+                    "--split",
+                    split,
+                    "--out",
+                    str(out),
+                    "--quiet",
+                ]
+                + (["--gt-boxes"] if gt else [])
+            )
+            == 0
+        )
         with FeatureStore(out) as store:
             expected = {i.key for i in image_items(smoke_world / dataset, dataset, split, gt_boxes=gt)}
             assert set(store.keys) == expected and store.attrs["num_skipped"] == 0
@@ -207,18 +281,21 @@ def test_smoke_preset_trains_a_detector_and_extracts_every_data_set(smoke_world,
 
 # ---- the detector's quality on ground-truth boxes ---------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def val_coco(smoke_world):
     from vlbert.data.coco import read_coco
+
     root = smoke_world / "detector"
     return read_coco(root / "annotations/instances_val2017.json", root / "val2017")
 
 
 def test_ground_truth_accuracy_per_size_on_the_smoke_detector(smoke_detector, val_coco):
     from vlbert.detection.train import ground_truth_accuracy
+
     model, _ = load_detector(smoke_detector)
     accuracy = ground_truth_accuracy(model, val_coco)
-    assert list(accuracy["by_size"]) == ["small", "large"]      # the world's own sizes, not COCO's areas
+    assert list(accuracy["by_size"]) == ["small", "large"]  # the world's own sizes, not COCO's areas
     assert sum(g["boxes"] for g in accuracy["by_size"].values()) == accuracy["all"]["boxes"] == len(val_coco.anns)
     for group in [*accuracy["by_size"].values(), accuracy["all"]]:
         assert set(group) == {"boxes", "class", "shape", "colour"}
@@ -228,17 +305,22 @@ def test_ground_truth_accuracy_per_size_on_the_smoke_detector(smoke_detector, va
 
 def _same_shape_other_colour(coco, category_id):
     colour, shape = coco.cats[category_id]["name"].rsplit(" ", 1)
-    return next(c for c, cat in coco.cats.items()
-                if cat["name"].endswith(f" {shape}") and not cat["name"].startswith(f"{colour} "))
+    return next(
+        c
+        for c, cat in coco.cats.items()
+        if cat["name"].endswith(f" {shape}") and not cat["name"].startswith(f"{colour} ")
+    )
 
 
 def test_ground_truth_accuracy_of_a_model_always_right_and_one_wrong_in_colour(val_coco):
     from vlbert.detection.train import score_ground_truth_labels
+
     right = score_ground_truth_labels(val_coco, {a: ann["category_id"] for a, ann in val_coco.anns.items()})
     for group in [*right["by_size"].values(), right["all"]]:
         assert (group["class"], group["shape"], group["colour"]) == (1.0, 1.0, 1.0)
-    wrong_colour = score_ground_truth_labels(val_coco, {a: _same_shape_other_colour(val_coco, ann["category_id"])
-                                                        for a, ann in val_coco.anns.items()})
+    wrong_colour = score_ground_truth_labels(
+        val_coco, {a: _same_shape_other_colour(val_coco, ann["category_id"]) for a, ann in val_coco.anns.items()}
+    )
     for group in [*wrong_colour["by_size"].values(), wrong_colour["all"]]:
         assert (group["class"], group["shape"], group["colour"]) == (0.0, 1.0, 0.0)
 
@@ -250,16 +332,24 @@ def test_ground_truth_accuracy_without_sizes_or_colour_names_uses_coco_areas_and
     from pycocotools.coco import COCO
 
     from vlbert.detection.train import score_ground_truth_labels
+
     coco = COCO()
-    coco.dataset = {"images": [{"id": 1, "file_name": "x.jpg", "width": 200, "height": 200}],
-                    "categories": [{"id": 1, "name": "tennis racket"}, {"id": 2, "name": "dog"}],
-                    "annotations": [{"id": k + 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, side, side],
-                                     "area": side * side} for k, side in enumerate((10, 50, 150))]}
+    coco.dataset = {
+        "images": [{"id": 1, "file_name": "x.jpg", "width": 200, "height": 200}],
+        "categories": [{"id": 1, "name": "tennis racket"}, {"id": 2, "name": "dog"}],
+        "annotations": [
+            {"id": k + 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, side, side], "area": side * side}
+            for k, side in enumerate((10, 50, 150))
+        ],
+    }
     with contextlib.redirect_stdout(io.StringIO()):
         coco.createIndex()
     accuracy = score_ground_truth_labels(coco, {1: 1, 2: 2, 3: 1})
-    assert accuracy["by_size"] == {"small": {"boxes": 1, "class": 1.0}, "medium": {"boxes": 1, "class": 0.0},
-                                   "large": {"boxes": 1, "class": 1.0}}
+    assert accuracy["by_size"] == {
+        "small": {"boxes": 1, "class": 1.0},
+        "medium": {"boxes": 1, "class": 0.0},
+        "large": {"boxes": 1, "class": 1.0},
+    }
     assert accuracy["all"] == {"boxes": 3, "class": pytest.approx(2 / 3)}
 
 
@@ -267,9 +357,14 @@ def test_report_writes_the_detector_quality_table_or_says_it_is_missing(tmp_path
     import json
 
     from vlbert.study.report import write_detector
-    accuracy = {"by_size": {"small": {"boxes": 30, "class": 0.5, "shape": 0.9, "colour": 0.6},
-                            "large": {"boxes": 20, "class": 0.95, "shape": 1.0, "colour": 0.95}},
-                "all": {"boxes": 50, "class": 0.68, "shape": 0.94, "colour": 0.74}}
+
+    accuracy = {
+        "by_size": {
+            "small": {"boxes": 30, "class": 0.5, "shape": 0.9, "colour": 0.6},
+            "large": {"boxes": 20, "class": 0.95, "shape": 1.0, "colour": 0.95},
+        },
+        "all": {"boxes": 50, "class": 0.68, "shape": 0.94, "colour": 0.74},
+    }
     # Sorted keys, as the CLI writes metrics.json: the table still reads small, large, all.
     metrics = {"val_mAP": 0.41, "val_mAP50": 0.723, "val_gt_accuracy": accuracy}
     (tmp_path / "metrics.json").write_text(json.dumps(metrics, sort_keys=True))
@@ -277,10 +372,13 @@ def test_report_writes_the_detector_quality_table_or_says_it_is_missing(tmp_path
     text = (tmp_path / "detector.md").read_text()
     assert "0.410" in text and "0.723" in text
     rows = [line for line in text.splitlines() if line.startswith("| ")]
-    assert rows == ["| size | boxes | class right (%) | shape right (%) | colour right (%) |",
-                    "| small | 30 | 50.0 | 90.0 | 60.0 |", "| large | 20 | 95.0 | 100.0 | 95.0 |",
-                    "| all | 50 | 68.0 | 94.0 | 74.0 |"]
-    (tmp_path / "metrics.json").write_text(json.dumps({"val_mAP": 0.41, "val_mAP50": 0.723}))   # an older detector
+    assert rows == [
+        "| size | boxes | class right (%) | shape right (%) | colour right (%) |",
+        "| small | 30 | 50.0 | 90.0 | 60.0 |",
+        "| large | 20 | 95.0 | 100.0 | 95.0 |",
+        "| all | 50 | 68.0 | 94.0 | 74.0 |",
+    ]
+    (tmp_path / "metrics.json").write_text(json.dumps({"val_mAP": 0.41, "val_mAP50": 0.723}))  # an older detector
     write_detector(tmp_path / "metrics.json", tmp_path)
     text = (tmp_path / "detector.md").read_text()
     assert "0.723" in text and "no ground-truth box accuracy" in text and "| size |" not in text
@@ -290,20 +388,26 @@ def test_report_writes_the_detector_quality_table_or_says_it_is_missing(tmp_path
 
 # ---- broken stores, stores of another data set, paths outside the data root -------------------
 
+
 def _without_offsets(path):
     with h5py.File(path, "a") as f:
         del f["offsets"]
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda p: p.write_bytes(b""), "not a readable feature store"),
-    (lambda p: p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2]), "not a readable feature store"),
-    (lambda p: p.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 8), "not a readable feature store"),
-    (_without_offsets, "no 'offsets' dataset"),
-])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda p: p.write_bytes(b""), "not a readable feature store"),
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not a readable feature store"),
+        (lambda p: p.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 8), "not a readable feature store"),
+        (_without_offsets, "no 'offsets' dataset"),
+    ],
+)
 @pytest.mark.parametrize("preload", [False, True])
 def test_broken_feature_store_names_the_file(tmp_path, damage, problem, preload):
-    path = tiny_store(tmp_path / "vqa.val2014.det.h5", keys=[str(k) for k in range(50)], dataset="vqa", split="val2014")
+    path = tiny_store(
+        tmp_path / "vqa.val2014.det.h5", keys=[str(k) for k in range(50)], dataset="vqa", split="val2014"
+    )
     damage(path)
     with pytest.raises(DataFormatError, match=rf"vqa\.val2014\.det\.h5: {problem}"):
         FeatureStore(path, preload=preload)
@@ -313,14 +417,18 @@ def test_store_of_another_data_set_is_refused(refcoco_fixture, tmp_path):
     """The VQA train store where RefCOCO+'s is expected: its image ids could match and give
     another data set's features without a word."""
     from vlbert.engine.tasks import build_task
+
     data, features = tmp_path / "data", tmp_path / "features"
     (data / "refcoco+").mkdir(parents=True)
     for name in ("instances.json", "refs(unc).p"):
         shutil.copy(refcoco_fixture / name, data / "refcoco+" / name)
     tiny_store(features / "refcoco+.all.det.h5", keys=["581857", "9"], dataset="vqa", split="train2014")
-    with pytest.raises(DataFormatError, match=r"refcoco\+\.all\.det\.h5: a store of dataset 'vqa', split 'train2014', "
-                                              r"mode 'detected', but dataset 'refcoco\+', split 'all', mode 'detected' "
-                                              r"is expected here"):
+    with pytest.raises(
+        DataFormatError,
+        match=r"refcoco\+\.all\.det\.h5: a store of dataset 'vqa', split 'train2014', "
+        r"mode 'detected', but dataset 'refcoco\+', split 'all', mode 'detected' "
+        r"is expected here",
+    ):
         build_task("refcoco_det", None, data, features)
     tiny_store(features / "refcoco+.all.gt.h5", keys=["581857", "9"], dataset="refcoco+", split="all")
     with pytest.raises(DataFormatError, match=r"refcoco\+\.all\.gt\.h5: .* mode 'detected', but .* mode 'gt'"):

@@ -13,9 +13,23 @@ from vlbert.cli import main
 def test_evaluate_vqa(tmp_path, capsys):
     root = FIXTURES / "vqa"
     out = tmp_path / "vqa.json"
-    assert main(["evaluate", "vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
-                 "--annotations", str(root / "v2_mscoco_val2014_annotations.json"),
-                 "--predictions", str(root / "predictions.json"), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "vqa",
+                "--questions",
+                str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
+                "--annotations",
+                str(root / "v2_mscoco_val2014_annotations.json"),
+                "--predictions",
+                str(root / "predictions.json"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     # The current official script gives the same (run outside the repository): "Maroon" against
     # red x7, maroon x2, orange -> 0.6; "two" against disagreeing humans (2 and 3 and 1) -> "2" -> 1.0;
     # "yes!" against ten "yes" -> not normalised -> 0 (the 2016 logic made it 1.0, and 86.67 overall).
@@ -27,17 +41,30 @@ def test_evaluate_vqa(tmp_path, capsys):
 
 def _vqa_arguments(predictions):
     root = FIXTURES / "vqa"
-    return ["evaluate", "vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
-            "--annotations", str(root / "v2_mscoco_val2014_annotations.json"), "--predictions", str(predictions)]
+    return [
+        "evaluate",
+        "vqa",
+        "--questions",
+        str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
+        "--annotations",
+        str(root / "v2_mscoco_val2014_annotations.json"),
+        "--predictions",
+        str(predictions),
+    ]
 
 
-@pytest.mark.parametrize("question_ids, error", [
-    ([420, 421], "pred.json: no prediction for 1 of the 3 question_ids (730): predictions must cover exactly"),
-    ([420, 421, 730, 999, 1000], "pred.json: predictions for 2 question_ids that are not annotated (999, 1000): "),
-    ([420, 5, 6, 7, 8, 9, 10],
-     "pred.json: no prediction for 2 of the 3 question_ids (421, 730); predictions for 6 question_ids that are not "
-     "annotated (5, 6, 7, 8, 9, ...): predictions must cover exactly the annotated question_ids"),
-])
+@pytest.mark.parametrize(
+    "question_ids, error",
+    [
+        ([420, 421], "pred.json: no prediction for 1 of the 3 question_ids (730): predictions must cover exactly"),
+        ([420, 421, 730, 999, 1000], "pred.json: predictions for 2 question_ids that are not annotated (999, 1000): "),
+        (
+            [420, 5, 6, 7, 8, 9, 10],
+            "pred.json: no prediction for 2 of the 3 question_ids (421, 730); predictions for 6 question_ids that are not "
+            "annotated (5, 6, 7, 8, 9, ...): predictions must cover exactly the annotated question_ids",
+        ),
+    ],
+)
 def test_vqa_predictions_for_other_questions_are_refused(tmp_path, capsys, question_ids, error):
     """As the official loadRes: results must answer exactly the annotated questions."""
     path = tmp_path / "pred.json"
@@ -48,8 +75,19 @@ def test_vqa_predictions_for_other_questions_are_refused(tmp_path, capsys, quest
 
 
 def test_evaluate_vcr(capsys):
-    assert main(["evaluate", "vcr", "--annotations", str(FIXTURES / "vcr/val.jsonl"),
-                 "--predictions", str(FIXTURES / "vcr/predictions.json")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "vcr",
+                "--annotations",
+                str(FIXTURES / "vcr/val.jsonl"),
+                "--predictions",
+                str(FIXTURES / "vcr/predictions.json"),
+            ]
+        )
+        == 0
+    )
     # val-0: answer right, rationale wrong; val-1 (scores): both right.
     assert "q2a: 100.00  qa2r: 50.00  q2ar: 50.00" in capsys.readouterr().out
 
@@ -60,20 +98,41 @@ def test_evaluate_vcr_q2ar_from_a_pair_of_runs(tmp_path, capsys):
     qa2r = [{"annot_id": p["annot_id"], **{k: v for k, v in p.items() if k.startswith("rationale")}} for p in both]
     (tmp_path / "q2a.json").write_text(json.dumps(q2a))
     (tmp_path / "qa2r.json").write_text(json.dumps(qa2r))
-    assert main(["evaluate", "vcr", "--annotations", str(FIXTURES / "vcr/val.jsonl"),
-                 "--predictions", str(tmp_path / "q2a.json"), str(tmp_path / "qa2r.json")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "vcr",
+                "--annotations",
+                str(FIXTURES / "vcr/val.jsonl"),
+                "--predictions",
+                str(tmp_path / "q2a.json"),
+                str(tmp_path / "qa2r.json"),
+            ]
+        )
+        == 0
+    )
     assert "q2a: 100.00  qa2r: 50.00  q2ar: 50.00" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("records, error", [
-    # 50 of 200 used to be scored as if they were all, n_questions 200.
-    ([{"annot_id": "val-0", "answer": 0, "rationale": 1}],
-     "q2a.json: no prediction for 1 of the 2 annot_ids ('val-1'): predictions must cover exactly"),
-    ([{"annot_id": a, "answer": 0} for a in ("val-0", "val-1", "val-7")],
-     "q2a.json: predictions for 1 annot_ids that are not annotated ('val-7')"),
-    ([{"annot_id": "val-0", "answer": 0, "rationale": 1}, {"annot_id": "val-1", "answer": 2}],
-     "q2a.json: rationale: given for 1 of the 2 questions, not for annot_id 'val-1' and 0 more"),
-])
+@pytest.mark.parametrize(
+    "records, error",
+    [
+        # 50 of 200 used to be scored as if they were all, n_questions 200.
+        (
+            [{"annot_id": "val-0", "answer": 0, "rationale": 1}],
+            "q2a.json: no prediction for 1 of the 2 annot_ids ('val-1'): predictions must cover exactly",
+        ),
+        (
+            [{"annot_id": a, "answer": 0} for a in ("val-0", "val-1", "val-7")],
+            "q2a.json: predictions for 1 annot_ids that are not annotated ('val-7')",
+        ),
+        (
+            [{"annot_id": "val-0", "answer": 0, "rationale": 1}, {"annot_id": "val-1", "answer": 2}],
+            "q2a.json: rationale: given for 1 of the 2 questions, not for annot_id 'val-1' and 0 more",
+        ),
+    ],
+)
 def test_vcr_predictions_for_other_questions_are_refused(tmp_path, capsys, records, error):
     path = tmp_path / "q2a.json"
     path.write_text(json.dumps(records))
@@ -84,11 +143,24 @@ def test_vcr_predictions_for_other_questions_are_refused(tmp_path, capsys, recor
 
 def test_each_file_of_a_pair_must_cover_the_split(tmp_path, capsys):
     # Together they would cover both questions; each file alone does not.
-    (tmp_path / "q2a.json").write_text(json.dumps([{"annot_id": "val-0", "answer": 0},
-                                                   {"annot_id": "val-1", "answer": 2}]))
+    (tmp_path / "q2a.json").write_text(
+        json.dumps([{"annot_id": "val-0", "answer": 0}, {"annot_id": "val-1", "answer": 2}])
+    )
     (tmp_path / "qa2r.json").write_text(json.dumps([{"annot_id": "val-1", "rationale": 0}]))
-    assert main(["evaluate", "vcr", "--annotations", str(FIXTURES / "vcr/val.jsonl"),
-                 "--predictions", str(tmp_path / "q2a.json"), str(tmp_path / "qa2r.json")]) == 2
+    assert (
+        main(
+            [
+                "evaluate",
+                "vcr",
+                "--annotations",
+                str(FIXTURES / "vcr/val.jsonl"),
+                "--predictions",
+                str(tmp_path / "q2a.json"),
+                str(tmp_path / "qa2r.json"),
+            ]
+        )
+        == 2
+    )
     assert "qa2r.json: no prediction for 1 of the 2 annot_ids ('val-0')" in capsys.readouterr().err
 
 
@@ -96,10 +168,13 @@ def test_a_leaderboard_csv_is_scored_as_the_leaderboard_scores_it(tmp_path, caps
     """Q->A: the argmax of the answer scores; QA->R: the argmax of the rationale scores after the
     right answer (val-0's is answer 0, val-1's answer 2: see the fixture's labels)."""
     from vlbert.evaluation.vcr_eval import LEADERBOARD_COLUMNS, write_leaderboard_csv
-    after_wrong = [0.0, 0.0, 0.0, 1.0]   # a rationale no label picks, after every wrong answer
-    answers = {"val-0": [0.7, 0.1, 0.1, 0.1], "val-1": [0.1, 0.6, 0.2, 0.1]}   # val-1's answer is wrong
-    rationales = {"val-0": [[0.1, 0.1, 0.8, 0.0]] + [after_wrong] * 3,         # after the right answer: 2
-                  "val-1": [after_wrong] * 2 + [[0.9, 0.1, 0.0, 0.0]] + [after_wrong]}
+
+    after_wrong = [0.0, 0.0, 0.0, 1.0]  # a rationale no label picks, after every wrong answer
+    answers = {"val-0": [0.7, 0.1, 0.1, 0.1], "val-1": [0.1, 0.6, 0.2, 0.1]}  # val-1's answer is wrong
+    rationales = {
+        "val-0": [[0.1, 0.1, 0.8, 0.0]] + [after_wrong] * 3,  # after the right answer: 2
+        "val-1": [after_wrong] * 2 + [[0.9, 0.1, 0.0, 0.0]] + [after_wrong],
+    }
     path = write_leaderboard_csv(tmp_path / "submission.csv", ["val-0", "val-1"], answers, rationales)
     lines = path.read_text().splitlines()
     assert lines[0].split(",") == LEADERBOARD_COLUMNS
@@ -116,10 +191,10 @@ def test_a_leaderboard_csv_is_scored_as_the_leaderboard_scores_it(tmp_path, caps
 
 def test_evaluate_refcoco(refcoco_fixture, tmp_path, capsys):
     predictions = [
-        {"sent_id": 0, "bbox": [103.93, 299.99, 134.22, 128.0]},   # exact: IoU 1
-        {"sent_id": 1, "bbox": [103.93, 299.99, 134.22, 64.0]},    # half the box: IoU 0.5, counts
-        {"sent_id": 2, "bbox": [300.0, 100.0, 100.0, 90.0]},       # IoU 0.45: wrong
-        {"sent_id": 3, "bbox": [25.0, 0.0, 50.0, 50.0]},           # IoU 1/3: wrong
+        {"sent_id": 0, "bbox": [103.93, 299.99, 134.22, 128.0]},  # exact: IoU 1
+        {"sent_id": 1, "bbox": [103.93, 299.99, 134.22, 64.0]},  # half the box: IoU 0.5, counts
+        {"sent_id": 2, "bbox": [300.0, 100.0, 100.0, 90.0]},  # IoU 0.45: wrong
+        {"sent_id": 3, "bbox": [25.0, 0.0, 50.0, 50.0]},  # IoU 1/3: wrong
     ]
     path = tmp_path / "pred.json"
     path.write_text(json.dumps(predictions))
@@ -127,20 +202,41 @@ def test_evaluate_refcoco(refcoco_fixture, tmp_path, capsys):
     assert "testA: 66.67  testB: 0.00" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("convention, printed", [
-    (None, "RefCOCO+ accuracy (IoU >= 0.5, continuous): testA: 33.33"),
-    ("continuous", "RefCOCO+ accuracy (IoU >= 0.5, continuous): testA: 33.33"),
-    ("plus-one", "RefCOCO+ accuracy (IoU >= 0.5, plus-one): testA: 66.67"),
-])
+@pytest.mark.parametrize(
+    "convention, printed",
+    [
+        (None, "RefCOCO+ accuracy (IoU >= 0.5, continuous): testA: 33.33"),
+        ("continuous", "RefCOCO+ accuracy (IoU >= 0.5, continuous): testA: 33.33"),
+        ("plus-one", "RefCOCO+ accuracy (IoU >= 0.5, plus-one): testA: 66.67"),
+    ],
+)
 def test_refcoco_iou_convention(refcoco_fixture, tmp_path, capsys, convention, printed):
     # Sent 0's box (h 128) shifted down by 42.8: continuous IoU (128 - 42.8) / (128 + 42.8) = 0.4988,
     # a miss; counting one pixel more a side (VL-BERT's code), (129 - 42.8) / (129 + 42.8) = 0.5017, a hit.
     path = tmp_path / "pred.json"
-    path.write_text(json.dumps([{"sent_id": 0, "bbox": [103.93, 299.99 + 42.8, 134.22, 128.0]},
-                                {"sent_id": 1, "bbox": [103.93, 299.99, 134.22, 64.0]},    # 0.5 and 0.504: hits
-                                {"sent_id": 2, "bbox": [300.0, 100.0, 100.0, 90.0]}]))     # 0.45 and 0.453: misses
-    assert main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(path),
-                 *(["--iou-convention", convention] if convention else [])]) == 0
+    path.write_text(
+        json.dumps(
+            [
+                {"sent_id": 0, "bbox": [103.93, 299.99 + 42.8, 134.22, 128.0]},
+                {"sent_id": 1, "bbox": [103.93, 299.99, 134.22, 64.0]},  # 0.5 and 0.504: hits
+                {"sent_id": 2, "bbox": [300.0, 100.0, 100.0, 90.0]},
+            ]
+        )
+    )  # 0.45 and 0.453: misses
+    assert (
+        main(
+            [
+                "evaluate",
+                "refcoco",
+                "--root",
+                str(refcoco_fixture),
+                "--predictions",
+                str(path),
+                *(["--iou-convention", convention] if convention else []),
+            ]
+        )
+        == 0
+    )
     assert printed in capsys.readouterr().out
 
 
@@ -148,12 +244,15 @@ def test_refcoco_predictions_for_part_of_a_split_are_refused(refcoco_fixture, tm
     path = tmp_path / "pred.json"
     path.write_text(json.dumps([{"sent_id": s, "bbox": [0, 0, 1, 1]} for s in (0, 2, 3, 17)]))
     assert main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(path)]) == 2
-    assert ("pred.json: no prediction for 1 of the 4 sent_ids (1); predictions for 1 sent_ids that are not annotated "
-            "(17): predictions must cover exactly the annotated sent_ids") in capsys.readouterr().err
+    assert (
+        "pred.json: no prediction for 1 of the 4 sent_ids (1); predictions for 1 sent_ids that are not annotated "
+        "(17): predictions must cover exactly the annotated sent_ids"
+    ) in capsys.readouterr().err
 
 
 def test_box_iou_conventions():
     from vlbert.evaluation.refcoco_eval import box_iou
+
     for convention in ("continuous", "plus-one"):
         assert box_iou([5, 5, 10, 20], [5, 5, 10, 20], convention) == pytest.approx(1.0)
     # Boxes that touch: no overlap, or a one-pixel-wide column of 11 pixels out of 2 x 121 - 11.
@@ -170,8 +269,21 @@ def test_bad_predictions_name_the_key(tmp_path, capsys):
     path = tmp_path / "pred.json"
     path.write_text(json.dumps([{"question_id": 420, "answer": "red"}, {"question_id": 421}]))
     root = FIXTURES / "vqa"
-    assert main(["evaluate", "vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
-                 "--annotations", str(root / "v2_mscoco_val2014_annotations.json"), "--predictions", str(path)]) == 2
+    assert (
+        main(
+            [
+                "evaluate",
+                "vqa",
+                "--questions",
+                str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
+                "--annotations",
+                str(root / "v2_mscoco_val2014_annotations.json"),
+                "--predictions",
+                str(path),
+            ]
+        )
+        == 2
+    )
     assert "pred.json [[1].answer]: missing key 'answer'" in capsys.readouterr().err
 
 
@@ -182,8 +294,18 @@ def test_make_data_cli_on_a_bad_preset(tmp_path, capsys):
     assert "p.yaml: data.synthetik: unknown key" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("verb", [[], ["make-data"], ["evaluate"], ["evaluate", "vqa"], ["evaluate", "vcr"],
-                                  ["evaluate", "refcoco"], ["vcr-leaderboard"]])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        [],
+        ["make-data"],
+        ["evaluate"],
+        ["evaluate", "vqa"],
+        ["evaluate", "vcr"],
+        ["evaluate", "refcoco"],
+        ["vcr-leaderboard"],
+    ],
+)
 def test_every_verb_has_help(verb):
     result = subprocess.run([sys.executable, "-m", "vlbert.cli", *verb, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage: vlbert" in result.stdout
@@ -194,14 +316,27 @@ def _nine_answers(tmp_path):
     data["annotations"][2]["answers"].pop()
     (tmp_path / "ann.json").write_text(json.dumps(data))
     root = FIXTURES / "vqa"
-    return ["vqa", "--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json"), "--annotations",
-            str(tmp_path / "ann.json"), "--predictions", str(root / "predictions.json")]
+    return [
+        "vqa",
+        "--questions",
+        str(root / "v2_OpenEnded_mscoco_val2014_questions.json"),
+        "--annotations",
+        str(tmp_path / "ann.json"),
+        "--predictions",
+        str(root / "predictions.json"),
+    ]
 
 
 def _latin1_vcr(tmp_path):
     lines = (FIXTURES / "vcr/val.jsonl").read_bytes().split(b"\n")
     (tmp_path / "val.jsonl").write_bytes(lines[0] + b"\n" + lines[1].replace(b"smiling", b"sm\xefling") + b"\n")
-    return ["vcr", "--annotations", str(tmp_path / "val.jsonl"), "--predictions", str(FIXTURES / "vcr/predictions.json")]
+    return [
+        "vcr",
+        "--annotations",
+        str(tmp_path / "val.jsonl"),
+        "--predictions",
+        str(FIXTURES / "vcr/predictions.json"),
+    ]
 
 
 def _empty_refs(tmp_path):
@@ -210,11 +345,14 @@ def _empty_refs(tmp_path):
     return ["refcoco", "--root", str(tmp_path), "--predictions", str(FIXTURES / "vqa/predictions.json")]
 
 
-@pytest.mark.parametrize("arguments, error", [
-    (_nine_answers, "ann.json [annotations[2].answers]: question_id 730 has 9 answers"),
-    (_latin1_vcr, "val.jsonl:2: not UTF-8 text"),
-    (_empty_refs, "refs(unc).p: not a readable pickle"),
-])
+@pytest.mark.parametrize(
+    "arguments, error",
+    [
+        (_nine_answers, "ann.json [annotations[2].answers]: question_id 730 has 9 answers"),
+        (_latin1_vcr, "val.jsonl:2: not UTF-8 text"),
+        (_empty_refs, "refs(unc).p: not a readable pickle"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_file(tmp_path, capsys, arguments, error):
     assert main(["evaluate", *arguments(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -1,12 +1,17 @@
 """The grounding probe: masked colour, shape and size words with the own image and another's, the
 masked words' attention on [IMG], and how the pre-training report shows them."""
 
-
 import pytest
 import torch
 
-from vlbert.engine.grounding import (WORD_KINDS, grounding_probe, img_attention_share, kind_vocabulary, mask_kind,
-                                     probe_batches)
+from vlbert.engine.grounding import (
+    WORD_KINDS,
+    grounding_probe,
+    img_attention_share,
+    kind_vocabulary,
+    mask_kind,
+    probe_batches,
+)
 from vlbert.modeling.modeling_vlbert import IGNORE_INDEX
 
 
@@ -22,6 +27,7 @@ def blind_model(smoke_study, smoke_config):
     """A model whose visual projection is zero: every region embeds alike, the image tells nothing."""
     from vlbert.engine.build import build_model
     from vlbert.modeling import VLBertForPreTraining
+
     model, _ = build_model(VLBertForPreTraining, smoke_config, smoke_study["bert"], smoke_study["detector"])
     with torch.no_grad():
         model.vlbert.visual_embeddings.projection.weight.zero_()
@@ -34,9 +40,10 @@ def _clean(batch):
 
 
 def test_mask_kind_masks_every_word_of_the_kind_and_skips_those_of_several_tokens():
-    vocabulary = {"circle": 11, "circles": 12, "square": 13}       # "crosses" is not one token here
-    text, labels, skipped = mask_kind("two small red circles , a blue square and three crosses",
-                                      WORD_KINDS["shape"], vocabulary, "[MASK]")
+    vocabulary = {"circle": 11, "circles": 12, "square": 13}  # "crosses" is not one token here
+    text, labels, skipped = mask_kind(
+        "two small red circles , a blue square and three crosses", WORD_KINDS["shape"], vocabulary, "[MASK]"
+    )
     assert text == "two small red [MASK] , a blue [MASK] and three crosses"
     assert labels == [12, 13] and skipped == 1
 
@@ -49,7 +56,7 @@ def test_the_probe_masks_exactly_the_kinds_words(probe_inputs):
         vocabulary = kind_vocabulary(processor.tokenizer, words)
         kind_ids = torch.tensor(sorted(set(vocabulary.values())))
         [(batch, _, skipped)] = probe_batches(processor, collate, examples, words, batch_size=len(examples))
-        assert skipped == 0                                        # the world's words are whole words in BERT's vocabulary
+        assert skipped == 0  # the world's words are whole words in BERT's vocabulary
         chosen = batch["mlm_labels"] != IGNORE_INDEX
         assert chosen.any(), kind
         # Masked: exactly the positions that held a word of the kind, each labelled with its word.
@@ -96,16 +103,20 @@ def test_attention_shares_lie_in_0_1_per_layer(probe_inputs, blind_model):
 
 def test_attention_share_and_its_uniform_baseline_on_a_hand_made_batch():
     CLS, MASK, SEP, IMG, END, PAD, WORD = 1, 2, 3, 4, 5, 0, 9
-    batch = {"input_ids": torch.tensor([[CLS, MASK, SEP, IMG, IMG, END], [CLS, WORD, MASK, SEP, IMG, END]]),
-             "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]),
-             "mlm_labels": torch.full((2, 6), IGNORE_INDEX)}
-    batch["input_ids"][1, 5], batch["attention_mask"][1, 5] = PAD, 0       # one padded element
+    batch = {
+        "input_ids": torch.tensor([[CLS, MASK, SEP, IMG, IMG, END], [CLS, WORD, MASK, SEP, IMG, END]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]),
+        "mlm_labels": torch.full((2, 6), IGNORE_INDEX),
+    }
+    batch["input_ids"][1, 5], batch["attention_mask"][1, 5] = PAD, 0  # one padded element
     batch["mlm_labels"][0, 1] = batch["mlm_labels"][1, 2] = WORD
     # Two heads: one puts everything on the first [IMG], the other is uniform over attended elements.
     focused = torch.zeros(2, 6, 6)
     focused[0, :, 3] = focused[1, :, 4] = 1
-    uniform = batch["attention_mask"].float().unsqueeze(1).expand(2, 6, 6) / batch["attention_mask"].sum(1).view(2, 1, 1)
-    layer = torch.stack([focused, uniform], 1)                             # [B, heads, L, L]
+    uniform = batch["attention_mask"].float().unsqueeze(1).expand(2, 6, 6) / batch["attention_mask"].sum(1).view(
+        2, 1, 1
+    )
+    layer = torch.stack([focused, uniform], 1)  # [B, heads, L, L]
     shares, baseline = img_attention_share([layer, uniform.unsqueeze(1)], batch, IMG)
     assert baseline.tolist() == pytest.approx([2 / 6, 1 / 5])
     torch.testing.assert_close(shares, torch.tensor([[(1 + 2 / 6) / 2, 2 / 6], [(1 + 1 / 5) / 2, 1 / 5]]))
@@ -116,6 +127,7 @@ def test_pretraining_report_holds_the_grounding_table_and_figure(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from vlbert.study.report import collect_runs, figure_grounding, write_pretraining
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("grounding")
@@ -123,13 +135,22 @@ def test_pretraining_report_holds_the_grounding_table_and_figure(tmp_path):
         run = client.create_run(experiment, tags={"stage": "pretrain", "setting": setting})
         for epoch in (1, 2):
             step = 10 * epoch
-            values = {"epoch": epoch, "val_visual_clue_gain": gain, "val_attention_img_share_layer0": 0.2,
-                      "val_attention_img_share_layer1": 0.4, "val_attention_img_share": 0.3,
-                      "val_attention_img_uniform": 0.25}
+            values = {
+                "epoch": epoch,
+                "val_visual_clue_gain": gain,
+                "val_attention_img_share_layer0": 0.2,
+                "val_attention_img_share_layer1": 0.4,
+                "val_attention_img_share": 0.3,
+                "val_attention_img_uniform": 0.25,
+            }
             for kind in WORD_KINDS:
-                values |= {f"val_ground_{kind}_own": 50 + gain * epoch, f"val_ground_{kind}_other": 50.0,
-                           f"val_ground_{kind}_gain": gain * epoch, f"val_ground_{kind}_chance": 14.3,
-                           f"val_ground_{kind}_n": 40}
+                values |= {
+                    f"val_ground_{kind}_own": 50 + gain * epoch,
+                    f"val_ground_{kind}_other": 50.0,
+                    f"val_ground_{kind}_gain": gain * epoch,
+                    f"val_ground_{kind}_chance": 14.3,
+                    f"val_ground_{kind}_n": 40,
+                }
             client.log_batch(run.info.run_id, metrics=[Metric(k, v, 0, step) for k, v in values.items()])
         client.set_terminated(run.info.run_id)
     runs = collect_runs(uri, "grounding")

@@ -13,8 +13,14 @@ from vlbert.detection.model import CONFIG_FILE, load_detector
 from vlbert.detection.rules import BoxRule
 from vlbert.detection.sources import image_items
 from vlbert.detection.train import load_image
-from vlbert.modeling import (VLBertConfig, VLBertForPreTraining, VLBertForRefCOCO, VLBertForVCR,
-                             VLBertForVQA, VLBertProcessor)
+from vlbert.modeling import (
+    VLBertConfig,
+    VLBertForPreTraining,
+    VLBertForRefCOCO,
+    VLBertForVCR,
+    VLBertForVQA,
+    VLBertProcessor,
+)
 from vlbert.modeling.modeling_vlbert import VisualInputs
 from vlbert.modeling.processing_vlbert import Word, default_tokenizer_path, pad_batch
 
@@ -36,9 +42,17 @@ def regions(smoke_detector, smoke_world):
 
 def make_config(smoke_detector, **overrides):
     frcnn = json.loads((smoke_detector / CONFIG_FILE).read_text())
-    base = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                visual_feature_dim=frcnn["widths"][3], num_visual_classes=len(frcnn["class_names"]) + 1,
-                num_answers=5, frcnn=frcnn)
+    base = dict(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        visual_feature_dim=frcnn["widths"][3],
+        num_visual_classes=len(frcnn["class_names"]) + 1,
+        num_answers=5,
+        frcnn=frcnn,
+    )
     return VLBertConfig(**{**base, **overrides})
 
 
@@ -61,10 +75,11 @@ def visual_inputs(images, results, cached=True, masked=None, order=None):
     padded_boxes = torch.zeros(len(results), rois, 4)
     padded_features = torch.zeros(len(results), rois, features[0].shape[1])
     for k, (b, f) in enumerate(zip(boxes, features)):
-        mask[k, :len(b)], padded_boxes[k, :len(b)], padded_features[k, :len(f)] = True, b, f
+        mask[k, : len(b)], padded_boxes[k, : len(b)], padded_features[k, : len(f)] = True, b, f
     sizes = torch.tensor([[r.width, r.height] for r in results])
-    return VisualInputs(padded_boxes, sizes, mask, padded_features if cached else None,
-                        None if cached else images, masked)
+    return VisualInputs(
+        padded_boxes, sizes, mask, padded_features if cached else None, None if cached else images, masked
+    )
 
 
 def text_inputs(processor, results, text="a red circle next to a [MASK] square", text_b=None):
@@ -78,12 +93,23 @@ def hidden(model, batch, visual, text_only=None):
 
 # 1 ------------------------------------------------------------------------------------------
 
+
 def test_permuting_rois_permutes_roi_outputs_and_leaves_text_alone(smoke_detector, regions, processor):
     images, results = regions
     model = build(VLBertForPreTraining, smoke_detector)
     n = min(len(r.boxes) for r in results) - 1
-    results = [type(r)(r.boxes[:n + 1], r.labels[:n + 1], r.probs[:n + 1], r.scores[:n + 1], r.features[:n + 1],
-                       r.width, r.height) for r in results]
+    results = [
+        type(r)(
+            r.boxes[: n + 1],
+            r.labels[: n + 1],
+            r.probs[: n + 1],
+            r.scores[: n + 1],
+            r.features[: n + 1],
+            r.width,
+            r.height,
+        )
+        for r in results
+    ]
     batch = text_inputs(processor, results)
     order = np.random.default_rng(0).permutation(n)
     with torch.no_grad():
@@ -98,6 +124,7 @@ def test_permuting_rois_permutes_roi_outputs_and_leaves_text_alone(smoke_detecto
 
 # 2 ------------------------------------------------------------------------------------------
 
+
 def test_masked_roi_pixels_cannot_leak(smoke_detector, regions, processor):
     images, results = regions
     model = build(VLBertForPreTraining, smoke_detector)
@@ -106,8 +133,9 @@ def test_masked_roi_pixels_cannot_leak(smoke_detector, regions, processor):
     masked[0, 2] = True
     x1, y1, x2, y2 = results[0].boxes[2]
     changed = [images[0].clone(), images[1]]
-    changed[0][:, int(y1):int(np.ceil(y2)), int(x1):int(np.ceil(x2))] = torch.rand(
-        3, int(np.ceil(y2)) - int(y1), int(np.ceil(x2)) - int(x1))
+    changed[0][:, int(y1) : int(np.ceil(y2)), int(x1) : int(np.ceil(x2))] = torch.rand(
+        3, int(np.ceil(y2)) - int(y1), int(np.ceil(x2)) - int(x1)
+    )
     with torch.no_grad():
         before = hidden(model, batch, visual_inputs(images, results, cached=False, masked=masked))
         after = hidden(model, batch, visual_inputs(changed, results, cached=False, masked=masked))
@@ -128,8 +156,8 @@ def test_a_masked_roi_keeps_its_geometry_not_its_appearance(smoke_detector, regi
         embed.mask_embedding.normal_()
         masked = embed(visual.features, visual)
         other_appearance = embed(torch.rand_like(visual.features), visual)
-    assert torch.equal(masked[0, 1:3], other_appearance[0, 1:3])          # the appearance is gone
-    assert not torch.allclose(masked[0, 1], masked[0, 2])                 # where each region is, is not
+    assert torch.equal(masked[0, 1:3], other_appearance[0, 1:3])  # the appearance is gone
+    assert not torch.allclose(masked[0, 1], masked[0, 2])  # where each region is, is not
 
 
 def test_the_features_are_centred_on_a_mean_saved_with_the_weights(smoke_detector, regions, tmp_path):
@@ -145,7 +173,9 @@ def test_the_features_are_centred_on_a_mean_saved_with_the_weights(smoke_detecto
         centred = embed(visual.features, visual)
     assert torch.allclose(centred, uncentred, atol=1e-6)
     model.save_pretrained(tmp_path)
-    assert torch.equal(VLBertForVQA.from_pretrained(tmp_path, num_answers=5).vlbert.visual_embeddings.appearance_mean, mean)
+    assert torch.equal(
+        VLBertForVQA.from_pretrained(tmp_path, num_answers=5).vlbert.visual_embeddings.appearance_mean, mean
+    )
 
 
 def test_words_take_the_image_at_a_learnt_scale_that_starts_at_zero(smoke_detector, regions, processor):
@@ -155,21 +185,28 @@ def test_words_take_the_image_at_a_learnt_scale_that_starts_at_zero(smoke_detect
     scale = model.vlbert.visual_embeddings.text_scale
     assert scale.item() == 0.0
     batch = text_inputs(processor, results)
-    out = model(**batch, visual=visual_inputs(images, results),
-                mlm_labels=torch.where(batch["input_ids"] == processor.mask_id, 2003, -100))
+    out = model(
+        **batch,
+        visual=visual_inputs(images, results),
+        mlm_labels=torch.where(batch["input_ids"] == processor.mask_id, 2003, -100),
+    )
     out.loss.backward()
-    assert scale.grad is not None and scale.grad.item() != 0.0                 # it is learnt
+    assert scale.grad is not None and scale.grad.item() != 0.0  # it is learnt
 
 
 # 3 ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("tune", [False, True])
 def test_tune_frcnn_decides_whether_gradients_reach_it(smoke_detector, regions, processor, tune):
     images, results = regions
     model = build(VLBertForPreTraining, smoke_detector, tune_frcnn=tune).train()
     batch = text_inputs(processor, results)
-    out = model(**batch, visual=visual_inputs(images, results, cached=False),
-                mlm_labels=torch.where(batch["input_ids"] == processor.mask_id, 2003, -100))
+    out = model(
+        **batch,
+        visual=visual_inputs(images, results, cached=False),
+        mlm_labels=torch.where(batch["input_ids"] == processor.mask_id, 2003, -100),
+    )
     out.loss.backward()
     frcnn = list(model.vlbert.fast_rcnn.parameters())
     reached = [p for p in frcnn if p.grad is not None and bool(p.grad.abs().sum() > 0)]
@@ -181,6 +218,7 @@ def test_tune_frcnn_decides_whether_gradients_reach_it(smoke_detector, regions, 
 
 
 # 4 ------------------------------------------------------------------------------------------
+
 
 def test_cached_and_recomputed_features_agree_when_frozen_and_unmasked(smoke_detector, regions, processor):
     images, results = regions
@@ -201,8 +239,9 @@ def test_masked_rois_refuse_cached_features(smoke_detector, regions, processor):
         hidden(model, text_inputs(processor, results), visual_inputs(images, results, cached=True, masked=masked))
 
 
-def test_with_cached_features_only_images_with_a_masked_roi_run_through_the_fast_rcnn(smoke_detector, regions,
-                                                                                     processor, monkeypatch):
+def test_with_cached_features_only_images_with_a_masked_roi_run_through_the_fast_rcnn(
+    smoke_detector, regions, processor, monkeypatch
+):
     images, results = regions
     model = build(VLBertForPreTraining, smoke_detector)
     masked = torch.zeros(2, max(len(r.boxes) for r in results), dtype=torch.bool)
@@ -211,16 +250,20 @@ def test_with_cached_features_only_images_with_a_masked_roi_run_through_the_fast
     both.images = images
     seen = []
     forward = model.vlbert.fast_rcnn.forward
-    monkeypatch.setattr(model.vlbert.fast_rcnn, "forward", lambda imgs, *a: seen.append(len(imgs)) or forward(imgs, *a))
+    monkeypatch.setattr(
+        model.vlbert.fast_rcnn, "forward", lambda imgs, *a: seen.append(len(imgs)) or forward(imgs, *a)
+    )
     with torch.no_grad():
         mixed = hidden(model, text_inputs(processor, results), both)
-        recomputed = hidden(model, text_inputs(processor, results), visual_inputs(images, results, cached=False,
-                                                                                   masked=masked))
-    assert seen == [1, 2]                                   # the masked image alone, then both
+        recomputed = hidden(
+            model, text_inputs(processor, results), visual_inputs(images, results, cached=False, masked=masked)
+        )
+    assert seen == [1, 2]  # the masked image alone, then both
     assert torch.allclose(mixed, recomputed, atol=1e-5)
 
 
 # 5 ------------------------------------------------------------------------------------------
+
 
 def test_every_input_format_runs_through_its_head(smoke_detector, regions, processor):
     images, results = regions
@@ -230,33 +273,40 @@ def test_every_input_format_runs_through_its_head(smoke_detector, regions, proce
     pretraining = build(VLBertForPreTraining, smoke_detector)
     text_only = pad_batch([processor.encode("a large red circle is hot because red things feel [MASK] .")] * 2)
     out = pretraining(**text_only, mlm_labels=torch.where(text_only["input_ids"] == processor.mask_id, 2980, -100))
-    assert out.mlm_logits.shape == (2, 30522) and set(out.losses) == {"mlm"}   # the two [MASK]s only
+    assert out.mlm_logits.shape == (2, 30522) and set(out.losses) == {"mlm"}  # the two [MASK]s only
     assert pretraining(**text_only).mlm_logits.shape[:2] == text_only["input_ids"].shape
 
-    caption = text_inputs(processor, results)                                    # <Caption, Image>
+    caption = text_inputs(processor, results)  # <Caption, Image>
     roi_labels = torch.full((2, rois), -100)
     roi_labels[:, 1] = 3
-    out = pretraining(**caption, visual=visual, roi_labels=roi_labels, relation_labels=torch.tensor([1.0, 0.0]),
-                      mlm_labels=torch.where(caption["input_ids"] == processor.mask_id, 2300, -100))
+    out = pretraining(
+        **caption,
+        visual=visual,
+        roi_labels=roi_labels,
+        relation_labels=torch.tensor([1.0, 0.0]),
+        mlm_labels=torch.where(caption["input_ids"] == processor.mask_id, 2300, -100),
+    )
     assert set(out.losses) == {"mlm", "masked_roi", "relation"} and torch.isfinite(out.loss)
 
-    vqa = build(VLBertForVQA, smoke_detector)                                    # <Question, [MASK], Image>
+    vqa = build(VLBertForVQA, smoke_detector)  # <Question, [MASK], Image>
     batch = text_inputs(processor, results, "what color is the circle ?", "[MASK]")
     answer_positions = (batch["input_ids"] == processor.mask_id).int().argmax(1)
     out = vqa(**batch, visual=visual, answer_positions=answer_positions, answer_scores=torch.rand(2, 5))
     assert out.logits.shape == (2, 5) and torch.isfinite(out.loss)
 
-    vcr = build(VLBertForVCR, smoke_detector)                                    # <Question, Answer, Image>
+    vcr = build(VLBertForVCR, smoke_detector)  # <Question, Answer, Image>
     question = [Word("how"), Word("does"), Word("circle", roi=1), Word("feel"), Word("?")]
-    encodings = [processor.encode(question, f"it feels {t} .", num_rois=len(results[0].boxes) - 1)
-                 for t in ("hot", "warm", "cool", "cold")]
+    encodings = [
+        processor.encode(question, f"it feels {t} .", num_rois=len(results[0].boxes) - 1)
+        for t in ("hot", "warm", "cool", "cold")
+    ]
     one = visual_inputs(images[:1], results[:1])
     four = VisualInputs(*(t.expand(4, *t.shape[1:]) for t in (one.boxes, one.image_sizes, one.roi_mask, one.features)))
     out = vcr(**pad_batch(encodings), visual=four, labels=torch.tensor([0]))
     assert out.logits.shape == (1, 4) and torch.isfinite(out.loss)
-    assert pad_batch(encodings)["visual_index"][0, 3] == 1                       # the referenced object's feature
+    assert pad_batch(encodings)["visual_index"][0, 3] == 1  # the referenced object's feature
 
-    ref = build(VLBertForRefCOCO, smoke_detector)                                # <Query, Image>
+    ref = build(VLBertForRefCOCO, smoke_detector)  # <Query, Image>
     batch = text_inputs(processor, results, "the large red circle")
     targets = torch.full((2, rois), -1)
     targets[:, 1:3] = torch.tensor([1, 0])
@@ -266,6 +316,7 @@ def test_every_input_format_runs_through_its_head(smoke_detector, regions, proce
 
 # 6 ------------------------------------------------------------------------------------------
 
+
 def test_save_and_load_give_the_same_outputs(smoke_detector, regions, processor, tmp_path):
     images, results = regions
     model = build(VLBertForPreTraining, smoke_detector)
@@ -274,20 +325,31 @@ def test_save_and_load_give_the_same_outputs(smoke_detector, regions, processor,
     assert {p.name for p in tmp_path.iterdir()} == {"model.safetensors", "config.json"}
     loaded = VLBertForPreTraining.from_pretrained(tmp_path).eval()
     with torch.no_grad():
-        assert torch.equal(hidden(model, batch, visual_inputs(images, results)),
-                           hidden(loaded, batch, visual_inputs(images, results)))
-        assert torch.equal(model(**batch, visual=visual_inputs(images, results)).mlm_logits,
-                           loaded(**batch, visual=visual_inputs(images, results)).mlm_logits)
+        assert torch.equal(
+            hidden(model, batch, visual_inputs(images, results)), hidden(loaded, batch, visual_inputs(images, results))
+        )
+        assert torch.equal(
+            model(**batch, visual=visual_inputs(images, results)).mlm_logits,
+            loaded(**batch, visual=visual_inputs(images, results)).mlm_logits,
+        )
     assert loaded.mlm.predictions.decoder.weight is loaded.vlbert.bert.embeddings.word_embeddings.weight
     # A pre-training checkpoint starts a task model: encoder loaded, task head new.
     vqa = VLBertForVQA.from_pretrained(tmp_path, num_answers=5)
-    assert torch.equal(vqa.vlbert.visual_embeddings.projection.weight, model.vlbert.visual_embeddings.projection.weight)
+    assert torch.equal(
+        vqa.vlbert.visual_embeddings.projection.weight, model.vlbert.visual_embeddings.projection.weight
+    )
 
 
 def test_loading_bert_reports_only_visual_and_head_parameters_as_new(smoke_detector):
     bert = json.loads((default_tokenizer_path() / "config.json").read_text())
-    model = build(VLBertForPreTraining, smoke_detector, **{k: bert[k] for k in (
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")})
+    model = build(
+        VLBertForPreTraining,
+        smoke_detector,
+        **{
+            k: bert[k]
+            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        },
+    )
     report = model.load_bert(default_tokenizer_path())
     new = report["new"]
     assert "vlbert.bert.embeddings.token_type_embeddings.weight[segment C]" in new
@@ -296,11 +358,15 @@ def test_loading_bert_reports_only_visual_and_head_parameters_as_new(smoke_detec
     assert "vlbert.visual_embeddings.projection.weight" in new and "roi_head.classifier.weight" in new
     assert "vlbert.bert.encoder.layer.0.attention.self.query.weight" in report["loaded"]
     from transformers import BertModel
+
     reference = BertModel.from_pretrained(str(default_tokenizer_path()), add_pooling_layer=False)
-    assert torch.equal(model.vlbert.bert.encoder.layer[5].output.dense.weight, reference.encoder.layer[5].output.dense.weight)
+    assert torch.equal(
+        model.vlbert.bert.encoder.layer[5].output.dense.weight, reference.encoder.layer[5].output.dense.weight
+    )
 
 
 # 7 ------------------------------------------------------------------------------------------
+
 
 def test_the_whole_image_is_the_first_img_element_and_never_a_candidate_region(processor):
     encoding = processor.encode("a red circle", num_rois=3)
@@ -308,41 +374,65 @@ def test_the_whole_image_is_the_first_img_element_and_never_a_candidate_region(p
     image = slice(text_length, text_length + 4)
     assert encoding["input_ids"][image] == [processor.img_token_id] * 4
     assert encoding["input_ids"][text_length + 4] == processor.end_token_id
-    assert encoding["visual_index"][image] == [0, 1, 2, 3]             # row 0: the whole image
-    assert set(encoding["position_ids"][image]) == {text_length}       # one position for every [IMG]
+    assert encoding["visual_index"][image] == [0, 1, 2, 3]  # row 0: the whole image
+    assert set(encoding["position_ids"][image]) == {text_length}  # one position for every [IMG]
     assert encoding["roi_positions"] == [-1, text_length + 1, text_length + 2, text_length + 3]
-    assert processor.encode("a red circle")["roi_positions"] == [-1]   # text-only: no [IMG] at all
+    assert processor.encode("a red circle")["roi_positions"] == [-1]  # text-only: no [IMG] at all
 
 
 def test_masked_roi_loss_is_soft_cross_entropy_on_the_detector_distribution():
     from vlbert.modeling.modeling_vlbert import masked_roi_loss
+
     logits = torch.randn(2, 3, 5)
     hard = torch.tensor([[-100, 2, -100], [4, -100, -100]])
     one_hot = torch.zeros(2, 3, 5)
     one_hot[0, 1, 2] = one_hot[1, 0, 4] = 1.0
     assert torch.allclose(masked_roi_loss(logits, one_hot), masked_roi_loss(logits, hard))
     soft = one_hot * 0.5
-    soft[0, 1, 0] = soft[1, 0, 0] = 0.5                                 # half background
-    expected = -(0.5 * logits[0, 1].log_softmax(-1)[[0, 2]].sum() + 0.5 * logits[1, 0].log_softmax(-1)[[0, 4]].sum()) / 2
+    soft[0, 1, 0] = soft[1, 0, 0] = 0.5  # half background
+    expected = (
+        -(0.5 * logits[0, 1].log_softmax(-1)[[0, 2]].sum() + 0.5 * logits[1, 0].log_softmax(-1)[[0, 4]].sum()) / 2
+    )
     assert torch.allclose(masked_roi_loss(logits, soft), expected)
-    assert masked_roi_loss(logits, torch.zeros(2, 3, 5)) is None        # nothing masked
+    assert masked_roi_loss(logits, torch.zeros(2, 3, 5)) is None  # nothing masked
 
 
 def test_a_wordpiece_vocabulary_of_the_world_keeps_its_words_whole_and_repeats(tmp_path):
     from vlbert.modeling.processing_vlbert import wordpiece_from_texts
     from vlbert.data.synthetic.world import COLOURS, SHAPES, SIZES
-    texts = [f"a {size} {colour} {shape} next to the {shape}s ." for size in SIZES for colour in COLOURS
-             for shape in SHAPES] * 3
+
+    texts = [
+        f"a {size} {colour} {shape} next to the {shape}s ." for size in SIZES for colour in COLOURS for shape in SHAPES
+    ] * 3
     processor = VLBertProcessor(wordpiece_from_texts(texts, 120))
     assert len(processor.tokenizer) <= 120
-    assert wordpiece_from_texts(texts, 120).get_vocab() == processor.tokenizer.get_vocab()   # the same texts, the same ids
-    assert processor.tokenizer.tokenize("a purple hexagon") == ["a", "purple", "h", "##e", "##x", "##a", "##g", "##o", "##n"]
+    assert (
+        wordpiece_from_texts(texts, 120).get_vocab() == processor.tokenizer.get_vocab()
+    )  # the same texts, the same ids
+    assert processor.tokenizer.tokenize("a purple hexagon") == [
+        "a",
+        "purple",
+        "h",
+        "##e",
+        "##x",
+        "##a",
+        "##g",
+        "##o",
+        "##n",
+    ]
     for word in (*COLOURS, *SHAPES, *SIZES):
         assert len(processor.tokenizer(word, add_special_tokens=False)["input_ids"]) == 1, word
-    specials = {processor.cls_id, processor.sep_id, processor.mask_id, processor.pad_id, processor.img_token_id,
-                processor.end_token_id, processor.tokenizer.unk_token_id}
-    assert processor.first_word_id == max(specials) + 1                  # random words are never special
-    assert VLBertProcessor.from_pretrained().first_word_id == 999        # bert-base-uncased's first word
+    specials = {
+        processor.cls_id,
+        processor.sep_id,
+        processor.mask_id,
+        processor.pad_id,
+        processor.img_token_id,
+        processor.end_token_id,
+        processor.tokenizer.unk_token_id,
+    }
+    assert processor.first_word_id == max(specials) + 1  # random words are never special
+    assert VLBertProcessor.from_pretrained().first_word_id == 999  # bert-base-uncased's first word
     processor.save_pretrained(tmp_path)
     again = VLBertProcessor.from_pretrained(tmp_path)
     assert again.tokenizer.get_vocab() == processor.tokenizer.get_vocab()
@@ -357,10 +447,25 @@ OLD_CHECKPOINTS = Path(__file__).resolve().parent / "fixtures" / "old_checkpoint
 def tiny_config(**overrides):
     """A VL-BERT small enough to build in a blink, with a Fast R-CNN module (not loaded)."""
     from vlbert.detection.model import DetectorConfig
+
     frcnn = DetectorConfig(class_names=["a", "b", "c"], widths=(4, 8, 8, 16), blocks=(1, 1, 1, 1), c4_stride=8)
-    return VLBertConfig(**{**dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=32, visual_feature_dim=16, geometry_wavelengths=2,
-                                  num_visual_classes=4, num_answers=5, frcnn=frcnn.to_json()), **overrides})
+    return VLBertConfig(
+        **{
+            **dict(
+                vocab_size=40,
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=32,
+                visual_feature_dim=16,
+                geometry_wavelengths=2,
+                num_visual_classes=4,
+                num_answers=5,
+                frcnn=frcnn.to_json(),
+            ),
+            **overrides,
+        }
+    )
 
 
 def draws(model) -> str:
@@ -377,10 +482,14 @@ def draws(model) -> str:
 # same weights, and leave the RNG where it did, or the study's numbers move: transformers'
 # from_pretrained builds on the meta device and initialises only what the checkpoint lacks.
 DRAWS_BEFORE = {
-    ("build", "VLBertForPreTraining"): "8ec518ca955d8a18", ("build", "VLBertForVQA"): "c845a314110840aa",
-    ("build", "VLBertForVCR"): "d8d796f4ca1cb9df", ("build", "VLBertForRefCOCO"): "2496feb103ded06c",
-    ("load", "VLBertForPreTraining"): "b4e7e0c234bdfb76", ("load", "VLBertForVQA"): "266ad05c7a06ef83",
-    ("load", "VLBertForVCR"): "5fbe0a0a632297ee", ("load", "VLBertForRefCOCO"): "67c2906c16f95656",
+    ("build", "VLBertForPreTraining"): "8ec518ca955d8a18",
+    ("build", "VLBertForVQA"): "c845a314110840aa",
+    ("build", "VLBertForVCR"): "d8d796f4ca1cb9df",
+    ("build", "VLBertForRefCOCO"): "2496feb103ded06c",
+    ("load", "VLBertForPreTraining"): "b4e7e0c234bdfb76",
+    ("load", "VLBertForVQA"): "266ad05c7a06ef83",
+    ("load", "VLBertForVCR"): "5fbe0a0a632297ee",
+    ("load", "VLBertForRefCOCO"): "67c2906c16f95656",
 }
 HEADS = (VLBertForPreTraining, VLBertForVQA, VLBertForVCR, VLBertForRefCOCO)
 
@@ -393,22 +502,26 @@ def test_a_seed_gives_the_weights_it_gave_before_the_models_were_pretrained_mode
     VLBertForPreTraining(tiny_config(tune_frcnn=True)).save_pretrained(tmp_path)
     for cls in HEADS:  # fine-tuning's start: a pre-training checkpoint, the task head new
         torch.manual_seed(1)
-        assert draws(cls.from_pretrained(tmp_path, tune_frcnn=False)) == DRAWS_BEFORE["load", cls.__name__], cls.__name__
+        assert draws(cls.from_pretrained(tmp_path, tune_frcnn=False)) == DRAWS_BEFORE["load", cls.__name__], (
+            cls.__name__
+        )
 
 
-def test_checkpoints_are_transformers_ones_and_load_through_the_auto_classes(smoke_detector, regions, processor,
-                                                                             tmp_path):
+def test_checkpoints_are_transformers_ones_and_load_through_the_auto_classes(
+    smoke_detector, regions, processor, tmp_path
+):
     import vlbert  # noqa: F401  (registers the Auto classes)
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, PreTrainedModel
     from vlbert.modeling import VLBertModel
+
     images, results = regions
     model = build(VLBertForPreTraining, smoke_detector)
     assert isinstance(model, PreTrainedModel) and isinstance(model.vlbert, PreTrainedModel)
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "vlbert" and config["architectures"] == ["VLBertForPreTraining"]
-    assert "architecture" not in config and config["tune_frcnn"] is False     # every field, defaults too
+    assert "architecture" not in config and config["tune_frcnn"] is False  # every field, defaults too
     # The decoder is the word embedding matrix and its bias the head's: each stored once.
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     stored = load_file(str(tmp_path / "model.safetensors"))
@@ -421,14 +534,20 @@ def test_checkpoints_are_transformers_ones_and_load_through_the_auto_classes(smo
     batch = text_inputs(processor, results)
     keys = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "visual_index")
     with torch.no_grad():
-        assert torch.equal(encoder(*(batch[k] for k in keys), visual=visual_inputs(images, results)),
-                           hidden(model, batch, visual_inputs(images, results)))
-        assert torch.equal(pretraining(**batch, visual=visual_inputs(images, results)).mlm_logits,
-                           model(**batch, visual=visual_inputs(images, results)).mlm_logits)
+        assert torch.equal(
+            encoder(*(batch[k] for k in keys), visual=visual_inputs(images, results)),
+            hidden(model, batch, visual_inputs(images, results)),
+        )
+        assert torch.equal(
+            pretraining(**batch, visual=visual_inputs(images, results)).mlm_logits,
+            model(**batch, visual=visual_inputs(images, results)).mlm_logits,
+        )
     # The encoder's own checkpoint starts a head as well.
     encoder.save_pretrained(tmp_path / "encoder")
     vqa = VLBertForVQA.from_pretrained(tmp_path / "encoder", num_answers=5)
-    assert torch.equal(vqa.vlbert.visual_embeddings.projection.weight, model.vlbert.visual_embeddings.projection.weight)
+    assert torch.equal(
+        vqa.vlbert.visual_embeddings.projection.weight, model.vlbert.visual_embeddings.projection.weight
+    )
 
 
 def test_checkpoints_written_before_the_move_load_as_they_are():
@@ -436,6 +555,7 @@ def test_checkpoints_written_before_the_move_load_as_they_are():
     from safetensors.torch import load_file
     from transformers import AutoModel
     from vlbert.modeling import VLBertModel
+
     old = json.loads((OLD_CHECKPOINTS / "pretraining" / "config.json").read_text())
     assert old["architecture"] == "VLBertForPreTraining" and old["architectures"] is None
     stored = load_file(str(OLD_CHECKPOINTS / "pretraining" / "model.safetensors"))
@@ -445,8 +565,10 @@ def test_checkpoints_written_before_the_move_load_as_they_are():
     assert model.mlm.predictions.decoder.weight is model.vlbert.bert.embeddings.word_embeddings.weight
     encoder = AutoModel.from_pretrained(OLD_CHECKPOINTS / "pretraining")
     assert type(encoder) is VLBertModel
-    assert torch.equal(encoder.bert.embeddings.word_embeddings.weight, stored["vlbert.bert.embeddings.word_embeddings.weight"])
-    vqa = VLBertForVQA.from_pretrained(OLD_CHECKPOINTS / "vqa")                       # its own class: whole
+    assert torch.equal(
+        encoder.bert.embeddings.word_embeddings.weight, stored["vlbert.bert.embeddings.word_embeddings.weight"]
+    )
+    vqa = VLBertForVQA.from_pretrained(OLD_CHECKPOINTS / "vqa")  # its own class: whole
     vqa_stored = load_file(str(OLD_CHECKPOINTS / "vqa" / "model.safetensors"))
     assert all(torch.equal(vqa.state_dict()[k], v) for k, v in vqa_stored.items())
     # The pre-training one into a task head: its head stays behind, the task's starts new.
@@ -460,9 +582,10 @@ def test_checkpoints_written_before_the_move_load_as_they_are():
 def test_a_checkpoint_that_does_not_fit_fails_loudly(tmp_path):
     from safetensors.torch import load_file, save_file
     from transformers import AutoModel
+
     VLBertForPreTraining(tiny_config()).save_pretrained(tmp_path / "good")
     _, info = VLBertForVCR.from_pretrained(tmp_path / "good", output_loading_info=True)
-    assert {"classifier.1.weight", "roi_head.classifier.weight"} <= info["missing_keys"]   # new, not pre-training's
+    assert {"classifier.1.weight", "roi_head.classifier.weight"} <= info["missing_keys"]  # new, not pre-training's
 
     def without(key):
         folder = tmp_path / key
@@ -479,7 +602,7 @@ def test_a_checkpoint_that_does_not_fit_fails_loudly(tmp_path):
             cls.from_pretrained(no_encoder_weight)
     with pytest.raises(ValueError, match=r"does not fit VLBertForPreTraining .*relation_head.weight"):
         VLBertForPreTraining.from_pretrained(without("relation_head.weight"))
-    VLBertForVQA.from_pretrained(tmp_path / "relation_head.weight")   # another class's head: left behind
+    VLBertForVQA.from_pretrained(tmp_path / "relation_head.weight")  # another class's head: left behind
 
 
 @pytest.mark.parametrize("tune", [False, True])
@@ -488,13 +611,15 @@ def test_config_overrides_and_the_frozen_fast_rcnn_survive_loading(tmp_path, tun
     loaded = VLBertForVQA.from_pretrained(tmp_path, tune_frcnn=tune, num_answers=7)
     assert loaded.config.tune_frcnn is tune and loaded.classifier[-1].out_features == 7
     built = VLBertForVQA(tiny_config(tune_frcnn=tune, num_answers=7))
-    assert ({n: p.requires_grad for n, p in loaded.named_parameters()}
-            == {n: p.requires_grad for n, p in built.named_parameters()})
+    assert {n: p.requires_grad for n, p in loaded.named_parameters()} == {
+        n: p.requires_grad for n, p in built.named_parameters()
+    }
     assert any(p.requires_grad for p in loaded.vlbert.fast_rcnn.parameters()) is tune
 
 
 def test_a_crash_while_saving_leaves_the_last_checkpoint_whole(tmp_path, monkeypatch):
     import transformers.modeling_utils
+
     model = VLBertForVQA(tiny_config())
     model.save_pretrained(tmp_path / "ckpt")
     before = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
@@ -509,4 +634,4 @@ def test_a_crash_while_saving_leaves_the_last_checkpoint_whole(tmp_path, monkeyp
     with pytest.raises(OSError, match="disk full"):
         model.save_pretrained(tmp_path / "ckpt")
     assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]                # no staging folder left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no staging folder left

@@ -20,8 +20,12 @@ from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
 
 # ---- COCO instances: pycocotools ---------------------------------------------------------------
 
-INSTANCES = ["refcoco+/instances.json", "vqa/annotations/instances_train2014.json",
-             "vqa/annotations/instances_val2014.json", "detector/annotations/instances_train2017.json"]
+INSTANCES = [
+    "refcoco+/instances.json",
+    "vqa/annotations/instances_train2014.json",
+    "vqa/annotations/instances_val2014.json",
+    "detector/annotations/instances_train2017.json",
+]
 
 
 @pytest.mark.parametrize("relative", INSTANCES)
@@ -41,17 +45,19 @@ def test_circles_area_is_not_their_box(smoke_world):
     coco = COCO(str(smoke_world / "refcoco+/instances.json"))
     circle = next(c for c, cat in coco.cats.items() if cat["name"] == "circle")
     ratios = [a["area"] / (a["bbox"][2] * a["bbox"][3]) for a in coco.anns.values() if a["category_id"] == circle]
-    assert ratios and all(0.6 < q < 0.95 for q in ratios)       # pi / 4 of the box, give or take pixels
+    assert ratios and all(0.6 < q < 0.95 for q in ratios)  # pi / 4 of the box, give or take pixels
 
 
 # ---- VQA: VL-BERT (jackroos/VL-BERT, vqa/data/datasets/vqa.py, VQA.__init__ and load_annotations) --
 
 # VL-BERT's image set -> (COCO image folder, COCO file), its `coco_dataset` table; its test set
 # (cfgs/vqa) is test2015, read in test mode: questions only.
-VLBERT_COCO = {"train2014": ("train2014", "annotations/instances_train2014.json"),
-               "val2014": ("val2014", "annotations/instances_val2014.json"),
-               "test-dev2015": ("test2015", "annotations/image_info_test2015.json"),
-               "test2015": ("test2015", "annotations/image_info_test2015.json")}
+VLBERT_COCO = {
+    "train2014": ("train2014", "annotations/instances_train2014.json"),
+    "val2014": ("val2014", "annotations/instances_val2014.json"),
+    "test-dev2015": ("test2015", "annotations/image_info_test2015.json"),
+    "test2015": ("test2015", "annotations/image_info_test2015.json"),
+}
 
 
 def test_vqa_layout_reads_as_vlbert_reads_it(smoke_world):
@@ -60,7 +66,7 @@ def test_vqa_layout_reads_as_vlbert_reads_it(smoke_world):
     root = smoke_world / "vqa"
     vocabulary = [w.lower().strip() for w in (root / "answers_vqa.txt").read_text().splitlines()]
     vocabulary = [w for w in vocabulary if w != ""]
-    unknown = vocabulary.index("<unk>")             # get_soft_target looks it up for every question
+    unknown = vocabulary.index("<unk>")  # get_soft_target looks it up for every question
     for image_set, (folder, info_file) in VLBERT_COCO.items():
         questions = json.loads((root / f"v2_OpenEnded_mscoco_{image_set}_questions.json").read_text())["questions"]
         coco = COCO(str(root / info_file))
@@ -68,27 +74,30 @@ def test_vqa_layout_reads_as_vlbert_reads_it(smoke_world):
             image_fn = root / folder / f"COCO_{folder}_{q['image_id']:012d}.jpg"
             with Image.open(image_fn) as image:
                 assert image.size == (coco.imgs[q["image_id"]]["width"], coco.imgs[q["image_id"]]["height"])
-        if folder == "test2015":                    # COCO's test image list has no annotations
+        if folder == "test2015":  # COCO's test image list has no annotations
             assert "annotations" not in coco.dataset and set(coco.imgs) == {q["image_id"] for q in questions}
             continue
         annotations = json.loads((root / f"v2_mscoco_{image_set}_annotations.json").read_text())["annotations"]
         for ann, q in zip(annotations, questions, strict=True):  # VL-BERT pairs them by position
             assert ann["question_id"] == q["question_id"]
-            if image_set == "train2014":            # a training answer has a class of its own
+            if image_set == "train2014":  # a training answer has a class of its own
                 assert vocabulary.index(ann["multiple_choice_answer"]) != unknown
 
 
 def test_project_vocabulary_leaves_unk_out(smoke_world):
     from vlbert.data.vqa import read_answer_vocabulary
+
     lines = (smoke_world / "vqa/answers_vqa.txt").read_text().splitlines()
     assert lines[0] == "<unk>" and read_answer_vocabulary(smoke_world / "vqa/answers_vqa.txt") == lines[1:]
 
 
 # ---- VCR: r2c (rowanz/r2c, dataloaders/vcr.py) and VL-BERT (vcr/data/datasets/vcr.py) ------------
 
+
 def coco_2014_names() -> list[str]:
     """COCO 2014's 80 category names, in category-id order, as torchvision ships them."""
     from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
+
     names = FasterRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"]
     return [n for n in names if n not in ("__background__", "N/A")]
 
@@ -102,14 +111,14 @@ def test_vcr_reads_as_r2c_and_vlbert_read_it(smoke_world, split):
     root = smoke_world / "vcr"
     for line in (root / f"{split}.jsonl").read_text().splitlines():
         item = json.loads(line)
-        obj_labels = [coco_obj_to_ind[o] for o in item["objects"]]      # r2c's and VL-BERT's KeyError
-        assert "person" not in item["objects"]      # both would swap its mentions for people's names
+        obj_labels = [coco_obj_to_ind[o] for o in item["objects"]]  # r2c's and VL-BERT's KeyError
+        assert "person" not in item["objects"]  # both would swap its mentions for people's names
         metadata = json.loads((root / "vcr1images" / item["metadata_fn"]).read_text())
         assert (root / "vcr1images" / item["img_fn"]).is_file()
         assert len(metadata["boxes"]) == len(metadata["segms"]) == len(obj_labels)
         assert metadata["names"] == item["objects"]
         for box, polygons in zip(metadata["boxes"], metadata["segms"]):
-            x1, y1, x2, y2, score = box                   # r2c chops the score, VL-BERT keeps 5 values
+            x1, y1, x2, y2, score = box  # r2c chops the score, VL-BERT keeps 5 values
             assert 0 <= x1 < x2 <= metadata["width"] and 0 <= y1 < y2 <= metadata["height"] and 0 < score <= 1
             assert polygons and all(len(p) >= 3 and all(len(point) == 2 for point in p) for p in polygons)
 
@@ -124,6 +133,7 @@ def test_vcr_project_reader_gives_the_worlds_names_back(smoke_world):
 
 
 # ---- RefCOCO+: REFER (lichengunc/refer, refer.py) ----------------------------------------------
+
 
 def refer_index(root):
     """REFER.__init__ and createIndex: refs(unc).p and instances.json, indexed as REFER indexes them."""
@@ -140,16 +150,26 @@ def refer_index(root):
         Refs[ref["ref_id"]] = ref
         imgToRefs.setdefault(ref["image_id"], []).append(ref)
         catToRefs.setdefault(ref["category_id"], []).append(ref)
-        refToAnn[ref["ref_id"]] = Anns[ref["ann_id"]]           # REFER's KeyError on a missing ann
+        refToAnn[ref["ref_id"]] = Anns[ref["ann_id"]]  # REFER's KeyError on a missing ann
         for sent in ref["sentences"]:
             sentToRef[sent["sent_id"]] = ref
-    return dict(refs=refs, Refs=Refs, Anns=Anns, Imgs=Imgs, Cats=Cats, imgToAnns=imgToAnns,
-                imgToRefs=imgToRefs, catToRefs=catToRefs, refToAnn=refToAnn, sentToRef=sentToRef)
+    return dict(
+        refs=refs,
+        Refs=Refs,
+        Anns=Anns,
+        Imgs=Imgs,
+        Cats=Cats,
+        imgToAnns=imgToAnns,
+        imgToRefs=imgToRefs,
+        catToRefs=catToRefs,
+        refToAnn=refToAnn,
+        sentToRef=sentToRef,
+    )
 
 
 def test_refcoco_loads_as_refer_reads_it(smoke_world):
     r = refer_index(smoke_world / "refcoco+")
-    assert len(r["Refs"]) == len(r["refs"])                                       # ref ids unique
+    assert len(r["Refs"]) == len(r["refs"])  # ref ids unique
     assert len(r["sentToRef"]) == sum(len(ref["sentences"]) for ref in r["refs"])  # sent ids unique
     for ref in r["refs"]:
         ann = r["refToAnn"][ref["ref_id"]]
@@ -174,7 +194,9 @@ def test_refcoco_refers_to_objects_that_share_their_category(smoke_world):
         assert categories[ref["category_id"]] >= 2, ref
         if ref["split"] in TEST_KINDS:
             assert r["Cats"][ref["category_id"]] in TEST_KINDS[ref["split"]], ref
-    kinds = {split: {r["Cats"][ref["category_id"]] for ref in r["refs"] if ref["split"] == split} for split in TEST_KINDS}
+    kinds = {
+        split: {r["Cats"][ref["category_id"]] for ref in r["refs"] if ref["split"] == split} for split in TEST_KINDS
+    }
     assert kinds["testA"] and kinds["testB"] and not kinds["testA"] & kinds["testB"]
 
 

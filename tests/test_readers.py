@@ -20,6 +20,7 @@ VQA_SPLITS = {"train": "train2014", "val": "val2014", "test-dev": "test-dev2015"
 
 # ---- every reader reads the generated smoke world -------------------------------------------
 
+
 def test_generated_captions_read_back(smoke_world):
     for split in ("train", "val"):
         records = read_captions(smoke_world / "conceptual_captions" / f"{split}.tsv", check_images=True)
@@ -34,8 +35,9 @@ def test_generated_vqa_reads_back(smoke_world):
     root = smoke_world / "vqa"
     vocabulary = read_answer_vocabulary(root / "answers_vqa.txt")
     for split, subtype in VQA_SPLITS.items():
-        examples = read_vqa(root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
-                            root / f"v2_mscoco_{subtype}_annotations.json")
+        examples = read_vqa(
+            root / f"v2_OpenEnded_mscoco_{subtype}_questions.json", root / f"v2_mscoco_{subtype}_annotations.json"
+        )
         assert examples and all(len(e.answers) == 10 and e.image_path.is_file() for e in examples)
         assert {e.answer_type for e in examples} <= {"yes/no", "number", "other"}
         if split == "train":
@@ -63,9 +65,11 @@ def test_generated_detector_split_reads_back(smoke_world):
     import numpy as np
     from PIL import Image
     from vlbert.data.synthetic.world import COLOURS, SHAPES
+
     for split, n in (("train", 60), ("val", 20)):
-        coco = read_coco(smoke_world / f"detector/annotations/instances_{split}2017.json",
-                         smoke_world / f"detector/{split}2017")
+        coco = read_coco(
+            smoke_world / f"detector/annotations/instances_{split}2017.json", smoke_world / f"detector/{split}2017"
+        )
         assert len(coco.imgs) == n
         assert all((coco.image_root / img["file_name"]).is_file() for img in coco.imgs.values())
         # Visual Genome-like classes: coloured shapes, so detector features must carry colour.
@@ -80,10 +84,14 @@ def test_generated_detector_split_reads_back(smoke_world):
 
 # ---- the hand-written fixtures in the official formats --------------------------------------
 
+
 def test_vqa_fixture():
     root = FIXTURES / "vqa"
-    examples = read_vqa(root / "v2_OpenEnded_mscoco_val2014_questions.json", root / "v2_mscoco_val2014_annotations.json",
-                        image_root="/coco")
+    examples = read_vqa(
+        root / "v2_OpenEnded_mscoco_val2014_questions.json",
+        root / "v2_mscoco_val2014_annotations.json",
+        image_root="/coco",
+    )
     assert [e.question_id for e in examples] == [420, 421, 730]
     assert str(examples[0].image_path) == "/coco/val2014/COCO_val2014_000000000042.jpg"
     assert examples[0].answers.count("red") == 7 and examples[1].answer_type == "number"
@@ -95,7 +103,7 @@ def test_vcr_fixture_with_object_index_lists():
     examples = read_vcr(FIXTURES / "vcr/val.jsonl")
     first = examples[0]
     assert first.question == ["What", "is", [0], "doing", "?"]
-    assert first.answer_choices[1][0] == [0, 1]          # a reference to two objects at once
+    assert first.answer_choices[1][0] == [0, 1]  # a reference to two objects at once
     assert first.answer_label == 0 and examples[1].answer_label == 2
     meta = read_metadata(first.metadata_path)
     assert meta.names == ["person", "person", "dog"] and meta.boxes[0][4] == 0.99
@@ -111,9 +119,13 @@ def test_vcr_test_split_without_labels(tmp_path):
 
 def test_captions_and_corpus_fixtures():
     records = read_captions(FIXTURES / "cc/train.tsv", image_root="/cc")
-    assert records[0].caption == "a man riding a horse on a beach" and str(records[1].image_path) == "/cc/frames/0002.jpg"
+    assert (
+        records[0].caption == "a man riding a horse on a beach" and str(records[1].image_path) == "/cc/frames/0002.jpg"
+    )
     assert read_corpus(FIXTURES / "corpus.txt") == [
-        "the quick brown fox jumps over the lazy dog , and then it sleeps .", "another passage from another document ."]
+        "the quick brown fox jumps over the lazy dog , and then it sleeps .",
+        "another passage from another document .",
+    ]
 
 
 def test_refcoco_fixture(refcoco_fixture):
@@ -125,6 +137,7 @@ def test_refcoco_fixture(refcoco_fixture):
 
 
 # ---- bad input: an error that names the file and the line or key ----------------------------
+
 
 def test_malformed_vcr_line_names_file_and_line(tmp_path):
     lines = (FIXTURES / "vcr/val.jsonl").read_text().splitlines()
@@ -154,14 +167,17 @@ def test_vcr_object_names_map_coco_names_back(tmp_path):
     first = read_vcr(tmp_path / "val.jsonl")[0]
     assert first.objects == ["man", "man", "hound"]
     assert read_metadata(first.metadata_path, read_object_names(tmp_path)).names == first.objects
-    assert read_metadata(first.metadata_path).names == ["person", "person", "dog"]   # as written
+    assert read_metadata(first.metadata_path).names == ["person", "person", "dog"]  # as written
 
 
-@pytest.mark.parametrize("names, match", [
-    ({"man": "person"}, r"val\.jsonl:1 \[objects\]: object name 'dog' is not in object_names\.json"),
-    ({"man": "person", "hound": "person"}, r"object_names\.json \[person\]: two names are written as 'person'"),
-    (["person"], r"object_names\.json: expected an object"),
-])
+@pytest.mark.parametrize(
+    "names, match",
+    [
+        ({"man": "person"}, r"val\.jsonl:1 \[objects\]: object name 'dog' is not in object_names\.json"),
+        ({"man": "person", "hound": "person"}, r"object_names\.json \[person\]: two names are written as 'person'"),
+        (["person"], r"object_names\.json: expected an object"),
+    ],
+)
 def test_vcr_object_names_that_do_not_fit_name_the_file(tmp_path, names, match):
     shutil.copytree(FIXTURES / "vcr", tmp_path, dirs_exist_ok=True)
     (tmp_path / "object_names.json").write_text(json.dumps(names))
@@ -212,10 +228,13 @@ def test_refcoco_empty_split_says_so(refcoco_fixture):
 @pytest.mark.parametrize("index, key, value", [(2, "ann_id", 99), (1, "image_id", 77)])
 def test_refcoco_ref_to_unknown_annotation_or_image(refcoco_fixture, index, key, value):
     from refcoco.refs import REFS
+
     refs = [dict(r) for r in REFS]
     refs[index][key] = value
     (refcoco_fixture / "refs(unc).p").write_bytes(pickle.dumps(refs, protocol=2))
-    with pytest.raises(DataFormatError, match=rf"refs\(unc\)\.p \[\[{index}\]\.{key}\]: {key} {value} is not in instances\.json"):
+    with pytest.raises(
+        DataFormatError, match=rf"refs\(unc\)\.p \[\[{index}\]\.{key}\]: {key} {value} is not in instances\.json"
+    ):
         RefCOCO(refcoco_fixture)
 
 
@@ -226,12 +245,14 @@ def test_missing_file_names_its_path(tmp_path):
 
 # ---- the restricted unpickler ---------------------------------------------------------------
 
+
 class _Exploit:
     def __init__(self, marker):
         self.marker = marker
 
     def __reduce__(self):
         import os
+
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -256,6 +277,7 @@ def test_plain_pickle_loads_including_python2_strings(tmp_path):
 
 # ---- bad bytes, broken pickles, answer counts, paths outside the data root -------------------
 
+
 def _latin1_on_line(text: str, line: int, word: str) -> bytes:
     """`text` as UTF-8, except that `word` on line `line` (1-based) is written in latin-1."""
     lines = text.encode().split(b"\n")
@@ -268,22 +290,46 @@ def _vcr_lines():
     return (FIXTURES / "vcr/val.jsonl").read_text().splitlines()
 
 
-@pytest.mark.parametrize("name, line, write, read", [
-    ("val.jsonl", 2, lambda: _latin1_on_line("\n".join(_vcr_lines()[:2]).replace('"smiling"', '"smïling"'), 2, "ï"),
-     read_vcr),
-    ("train.tsv", 2, lambda: b"a caption\timg.jpg\ncaf\xe9 au lait\timg2.jpg\n", read_captions),
-    ("corpus.txt", 3, lambda: b"one passage\n\ncaf\xe9 au lait\n", read_corpus),
-    ("answers_vqa.txt", 2, lambda: b"yes\ncaf\xe9\n", read_answer_vocabulary),
-    ("questions.json", 4, lambda: _latin1_on_line(
-        (FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json").read_text().replace("people", "péople"), 4, "é"),
-     read_vqa),
-    ("ann.json", 3, lambda: _latin1_on_line(
-        (FIXTURES / "vqa/v2_mscoco_val2014_annotations.json").read_text().replace('"red"', '"réd"', 1), 3, "é"),
-     lambda p: read_vqa(FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json", p)),
-    ("instances.json", 1, lambda: _latin1_on_line(
-        (FIXTURES / "refcoco/instances.json").read_text().replace("COCO_train", "CÖCO_train", 1), 1, "Ö"),
-     read_coco),
-])
+@pytest.mark.parametrize(
+    "name, line, write, read",
+    [
+        (
+            "val.jsonl",
+            2,
+            lambda: _latin1_on_line("\n".join(_vcr_lines()[:2]).replace('"smiling"', '"smïling"'), 2, "ï"),
+            read_vcr,
+        ),
+        ("train.tsv", 2, lambda: b"a caption\timg.jpg\ncaf\xe9 au lait\timg2.jpg\n", read_captions),
+        ("corpus.txt", 3, lambda: b"one passage\n\ncaf\xe9 au lait\n", read_corpus),
+        ("answers_vqa.txt", 2, lambda: b"yes\ncaf\xe9\n", read_answer_vocabulary),
+        (
+            "questions.json",
+            4,
+            lambda: _latin1_on_line(
+                (FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json").read_text().replace("people", "péople"),
+                4,
+                "é",
+            ),
+            read_vqa,
+        ),
+        (
+            "ann.json",
+            3,
+            lambda: _latin1_on_line(
+                (FIXTURES / "vqa/v2_mscoco_val2014_annotations.json").read_text().replace('"red"', '"réd"', 1), 3, "é"
+            ),
+            lambda p: read_vqa(FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json", p),
+        ),
+        (
+            "instances.json",
+            1,
+            lambda: _latin1_on_line(
+                (FIXTURES / "refcoco/instances.json").read_text().replace("COCO_train", "CÖCO_train", 1), 1, "Ö"
+            ),
+            read_coco,
+        ),
+    ],
+)
 def test_bytes_that_are_not_utf8_name_the_file_and_line(tmp_path, name, line, write, read):
     path = tmp_path / name
     path.write_bytes(write())
@@ -311,8 +357,11 @@ def test_vqa_annotation_without_ten_answers_names_the_question(tmp_path, count):
     answers = data["annotations"][1]["answers"]
     data["annotations"][1]["answers"] = (answers * 2)[:count]
     (tmp_path / "ann.json").write_text(json.dumps(data))
-    with pytest.raises(DataFormatError, match=rf"ann\.json \[annotations\[1\]\.answers\]: question_id 421 has "
-                                              rf"{count} answers, VQA v2 has 10"):
+    with pytest.raises(
+        DataFormatError,
+        match=rf"ann\.json \[annotations\[1\]\.answers\]: question_id 421 has "
+        rf"{count} answers, VQA v2 has 10",
+    ):
         read_vqa(FIXTURES / "vqa/v2_OpenEnded_mscoco_val2014_questions.json", tmp_path / "ann.json")
 
 
@@ -326,8 +375,11 @@ def test_vcr_paths_outside_the_image_root_are_refused(tmp_path, field, outside):
     record = json.loads(lines[1])
     record[field] = outside
     (tmp_path / "val.jsonl").write_text(lines[0] + "\n" + json.dumps(record) + "\n")
-    with pytest.raises(DataFormatError, match=rf"val\.jsonl:2 \[{field}\]: {re.escape(outside)} is outside "
-                                              rf"the data root"):
+    with pytest.raises(
+        DataFormatError,
+        match=rf"val\.jsonl:2 \[{field}\]: {re.escape(outside)} is outside "
+        rf"the data root",
+    ):
         read_vcr(tmp_path / "val.jsonl")
 
 
@@ -344,8 +396,11 @@ def test_coco_file_names_outside_the_root_are_refused(refcoco_fixture, outside):
     data = json.loads(path.read_text())
     data["images"][1]["file_name"] = outside
     path.write_text(json.dumps(data))
-    with pytest.raises(DataFormatError, match=rf"instances\.json \[images\[1\]\.file_name\]: {re.escape(outside)} "
-                                              rf"is outside the data root"):
+    with pytest.raises(
+        DataFormatError,
+        match=rf"instances\.json \[images\[1\]\.file_name\]: {re.escape(outside)} "
+        rf"is outside the data root",
+    ):
         RefCOCO(refcoco_fixture)
 
 
@@ -368,5 +423,6 @@ def test_vqa_image_id_must_be_a_number(tmp_path):
 
 def test_paths_inside_the_root_are_kept_as_written(tmp_path):
     from vlbert.data.errors import resolve_inside
+
     assert resolve_inside(tmp_path, "a/./b/../c.jpg", "f.tsv", 3) == tmp_path / "a/./b/../c.jpg"
     assert resolve_inside(tmp_path, "frames/1.jpg", "f.tsv", 3) == tmp_path / "frames/1.jpg"

@@ -18,6 +18,7 @@ class Store:
 
     def __init__(self, tmp_path):
         from mlflow.tracking import MlflowClient
+
         self.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         self.client = MlflowClient(self.uri)
         self.experiment = self.client.create_experiment("vlbert-ablation-smoke")
@@ -26,12 +27,19 @@ class Store:
     def run(self, setting, task, seed, accuracy=None, status="FINISHED") -> str:
         """One run, newer than every run before it; `accuracy` None: it logged no final figures."""
         from mlflow.entities import Metric
+
         self.clock += 1000
-        run = self.client.create_run(self.experiment, start_time=self.clock, run_name=f"finetune-{setting}-{task}-{seed}",
-                                     tags={"stage": "finetune", "setting": setting, "task": task, "seed": str(seed)})
+        run = self.client.create_run(
+            self.experiment,
+            start_time=self.clock,
+            run_name=f"finetune-{setting}-{task}-{seed}",
+            tags={"stage": "finetune", "setting": setting, "task": task, "seed": str(seed)},
+        )
         if accuracy is not None:
-            self.client.log_batch(run.info.run_id, metrics=[
-                Metric(f"final_{split}_accuracy", accuracy, self.clock, 1) for split in ("val", "test")])
+            self.client.log_batch(
+                run.info.run_id,
+                metrics=[Metric(f"final_{split}_accuracy", accuracy, self.clock, 1) for split in ("val", "test")],
+            )
         if status != "RUNNING":
             self.client.set_terminated(run.info.run_id, status=status)
         return run.info.run_id
@@ -39,9 +47,14 @@ class Store:
     def pretrain(self, setting, status="FINISHED") -> str:
         """A pre-training run with its last epoch's validation, as `vlbert pretrain` logs it."""
         from mlflow.entities import Metric
+
         self.clock += 1000
-        run = self.client.create_run(self.experiment, start_time=self.clock, run_name=f"pretrain-{setting}",
-                                     tags={"stage": "pretrain", "setting": setting})
+        run = self.client.create_run(
+            self.experiment,
+            start_time=self.clock,
+            run_name=f"pretrain-{setting}",
+            tags={"stage": "pretrain", "setting": setting},
+        )
         values = {"val_mlm_accuracy": 30.0, "val_mlm_accuracy_other_image": 20.0, "val_visual_clue_gain": 10.0}
         self.client.log_batch(run.info.run_id, metrics=[Metric(k, v, self.clock, 1) for k, v in values.items()])
         if status != "RUNNING":
@@ -52,15 +65,29 @@ class Store:
 def _report(store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sweeps").mkdir()
-    code = main(["report", "--config", str(REPO / "experiments/smoke.yaml"), "--out", str(tmp_path / "report"),
-                 "--tracking-uri", store.uri, "--sweeps", str(tmp_path / "sweeps")])
+    code = main(
+        [
+            "report",
+            "--config",
+            str(REPO / "experiments/smoke.yaml"),
+            "--out",
+            str(tmp_path / "report"),
+            "--tracking-uri",
+            store.uri,
+            "--sweeps",
+            str(tmp_path / "sweeps"),
+        ]
+    )
     assert code == 0
     return tmp_path / "report"
 
 
 def _rows(table_md: str) -> dict:
-    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:6]]
-            for line in table_md.splitlines() if line.startswith("| ") and not line.startswith("| setting")}
+    return {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:6]]
+        for line in table_md.splitlines()
+        if line.startswith("| ") and not line.startswith("| setting")
+    }
 
 
 @pytest.fixture
@@ -82,9 +109,9 @@ def test_missing_and_one_seed_cells_are_marked_and_warned(gappy_study, tmp_path,
     err = capsys.readouterr().err
     table = (report / "table4.md").read_text()
     rows = _rows(table)
-    assert rows["c"] == ["—"] * 4                                   # a setting without runs
-    assert rows["b"][2] == "—"                                      # a cell without runs
-    assert rows["a"][3] == "45.0 (n=1)"                             # one seed: no spread to show
+    assert rows["c"] == ["—"] * 4  # a setting without runs
+    assert rows["b"][2] == "—"  # a cell without runs
+    assert rows["a"][3] == "45.0 (n=1)"  # one seed: no spread to show
     assert rows["full"][0] == "60.5 ± 0.7"
     assert "± 0.0" not in table and "— no run" in table
     assert "vlbert report: warning: setting c has no fine-tuning runs" in err
@@ -96,10 +123,12 @@ def test_a_finding_without_data_is_no_data_never_a_disagreement(gappy_study, tmp
     report = _report(gappy_study, tmp_path, monkeypatch)
     out = capsys.readouterr().out
     findings = {f["id"]: f for f in json.loads((report / "findings.json").read_text())}
-    assert findings["sirp_hurts"]["verdict"] == "no data"           # setting c never ran
-    assert findings["text_helps"]["verdict"] == "no data"           # d vs b, and b has no VQA
-    assert all(findings[f]["verdict"] == "agrees" for f in ("pretrain_helps", "mlm_helps", "mrc_helps_ref",
-                                                             "tune_frcnn_helps"))
+    assert findings["sirp_hurts"]["verdict"] == "no data"  # setting c never ran
+    assert findings["text_helps"]["verdict"] == "no data"  # d vs b, and b has no VQA
+    assert all(
+        findings[f]["verdict"] == "agrees"
+        for f in ("pretrain_helps", "mlm_helps", "mrc_helps_ref", "tune_frcnn_helps")
+    )
     text = (report / "findings.md").read_text()
     assert "does not agree" not in text
     assert "agrees with 4 of 6 findings; 2 have no data" in text
@@ -115,15 +144,15 @@ def test_the_report_says_when_it_used_a_run_that_did_not_finish(tmp_path, monkey
     for setting in SCORES:
         for task in TASKS:
             store.run(setting, task, 0, SCORES[setting])
-    killed = store.run("a", "vqa", 1, 46.0, status="KILLED")        # logged its figures, then was killed
-    running = store.run("b", "vqa", 1, 51.0, status="RUNNING")      # never closed (SIGKILL)
-    store.run("d", "vqa", 0, None, status="FAILED")                 # newer than d's finished seed 0
+    killed = store.run("a", "vqa", 1, 46.0, status="KILLED")  # logged its figures, then was killed
+    running = store.run("b", "vqa", 1, 51.0, status="RUNNING")  # never closed (SIGKILL)
+    store.run("d", "vqa", 0, None, status="FAILED")  # newer than d's finished seed 0
     pretrained = store.pretrain("b", status="FAILED")
     report = _report(store, tmp_path, monkeypatch)
     err = capsys.readouterr().err
     table = (report / "table4.md").read_text()
-    assert _rows(table)["a"][2] == "45.5 ± 0.7"                     # the killed run's figures are used ...
-    for run_id, status in ((killed, "KILLED"), (running, "RUNNING")):   # ... and said so
+    assert _rows(table)["a"][2] == "45.5 ± 0.7"  # the killed run's figures are used ...
+    for run_id, status in ((killed, "KILLED"), (running, "RUNNING")):  # ... and said so
         assert f"{run_id}" in err and f"did not finish (status {status})" in err
         assert f"{run_id}" in table and f"status {status}" in table
     assert "d / vqa / seed 0: its newest run" in err and "has no results" in err

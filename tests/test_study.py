@@ -16,8 +16,17 @@ from conftest import REPO
 SMOKE = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
 SEEDS = len(SMOKE["sweep"]["seeds"])
 # As `make reproduce` runs it: the default profile (one thread per job), on two cores.
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-             "--profile", str(REPO / "workflow/profiles/default"), "--cores", "2"]
+SNAKEMAKE = [
+    sys.executable,
+    "-m",
+    "snakemake",
+    "--snakefile",
+    str(REPO / "Snakefile"),
+    "--profile",
+    str(REPO / "workflow/profiles/default"),
+    "--cores",
+    "2",
+]
 
 
 def _free_port() -> int:
@@ -39,10 +48,16 @@ def smoke_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("smoke_run")
     env_bin = str(Path(sys.executable).parent)
     import os
+
     env = {**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"}
     started = time.time()
-    result = subprocess.run(SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory", str(workdir)],
-                            capture_output=True, text=True, env=env, timeout=1200)
+    result = subprocess.run(
+        SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory", str(workdir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
     assert result.returncode == 0, result.stderr[-5000:]
     return {"dir": workdir, "env": env, "seconds": time.time() - started}
 
@@ -62,31 +77,43 @@ def test_smoke_study_writes_the_report(smoke_run):
     table = (report / "table4.md").read_text()
     for setting in ("no_pretrain", "a", "b", "c", "d", "full"):
         assert f"| {setting} |" in table
-    assert "recalled" in table                                  # the paper's numbers carry their provenance
+    assert "recalled" in table  # the paper's numbers carry their provenance
     findings = json.loads((report / "findings.json").read_text())
-    assert [f["id"] for f in findings] == ["pretrain_helps", "mlm_helps", "mrc_helps_ref", "sirp_hurts",
-                                           "text_helps", "tune_frcnn_helps"]
+    assert [f["id"] for f in findings] == [
+        "pretrain_helps",
+        "mlm_helps",
+        "mrc_helps_ref",
+        "sirp_hurts",
+        "text_helps",
+        "tune_frcnn_helps",
+    ]
     for name in ("table4_bars", "delta_heatmap", "lr_sweeps", "pretraining_loss", "pretraining_grounding"):
         assert (report / "figures" / f"{name}.png").stat().st_size > 10_000
     # Each pre-trained setting's masked words, with its own images and another's, read from MLflow.
     pretraining = (report / "pretraining.md").read_text()
-    rows = {line.split("|")[1].strip(): line.split("|")[2:5] for line in pretraining.splitlines() if line.startswith("| ")}
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2:5] for line in pretraining.splitlines() if line.startswith("| ")
+    }
     for setting in ("a", "b", "c", "d", "full"):
         own, other, gain = (float(cell) for cell in rows[setting])
         assert gain == pytest.approx(own - other, abs=0.11)
         # and per word kind, from the grounding probe's last epoch, with the attention share on [IMG]
         section = pretraining.split(f"### {setting}\n")[1].split("###")[0]
-        kinds = {line.split("|")[1].strip(): line.split("|")[2:7] for line in section.splitlines()
-                 if line.startswith("| ") and not line.startswith("| kind")}
+        kinds = {
+            line.split("|")[1].strip(): line.split("|")[2:7]
+            for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| kind")
+        }
         assert set(kinds) == {"colour", "shape", "size"}
         for own, other, gain, chance, n in ((float(c) for c in cells) for cells in kinds.values()):
             assert 0 <= own <= 100 and 0 <= other <= 100 and 0 < chance < 100 and n > 0
             assert gain == pytest.approx(own - other, abs=0.11)
         assert "Attention on [IMG]" in section
     import pandas as pd
+
     runs = pd.read_csv(report / "runs.csv")
     finetunes = runs[(runs["stage"] == "finetune") & (runs["status"] == "FINISHED")]
-    assert len(finetunes) == 6 * 5 * SEEDS                      # settings x tasks x seeds
+    assert len(finetunes) == 6 * 5 * SEEDS  # settings x tasks x seeds
     csv = pd.read_csv(report / "table4.csv").set_index("setting")
     assert (csv["vqa_n"] == SEEDS).all()
 
@@ -94,8 +121,12 @@ def test_smoke_study_writes_the_report(smoke_run):
 @pytest.mark.slow
 def test_up_to_date_study_does_nothing_quickly(smoke_run):
     started = time.time()
-    result = subprocess.run(SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory",
-                                         str(smoke_run["dir"])], capture_output=True, text=True, env=smoke_run["env"])
+    result = subprocess.run(
+        SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory", str(smoke_run["dir"])],
+        capture_output=True,
+        text=True,
+        env=smoke_run["env"],
+    )
     assert result.returncode == 0 and "Nothing to be done" in result.stderr + result.stdout
     assert time.time() - started < 10
 
@@ -106,12 +137,19 @@ def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path
     preset["finetune"]["vqa"]["batch_size"] = 4
     changed = tmp_path / "smoke.yaml"
     changed.write_text(yaml.safe_dump(preset))
-    result = subprocess.run(SNAKEMAKE + ["-n", "--configfile", str(changed), "--directory", str(smoke_run["dir"])],
-                            capture_output=True, text=True, env=smoke_run["env"])
+    result = subprocess.run(
+        SNAKEMAKE + ["-n", "--configfile", str(changed), "--directory", str(smoke_run["dir"])],
+        capture_output=True,
+        text=True,
+        env=smoke_run["env"],
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     table = result.stdout.split("Job stats:")[1].split("\n\n")[0]
-    jobs = {line.split()[0]: int(line.split()[1]) for line in table.splitlines()
-            if len(line.split()) == 2 and line.split()[1].isdigit()}
+    jobs = {
+        line.split()[0]: int(line.split()[1])
+        for line in table.splitlines()
+        if len(line.split()) == 2 and line.split()[1].isdigit()
+    }
     # The sweep and fine-tuning jobs of every setting (one job per setting and stage), then the report.
     assert jobs == {"sweep": 6, "finetune_seeds": 6, "report": 1, "all": 1, "total": 6 + 6 + 2}, result.stdout[-2000:]
 
@@ -120,23 +158,47 @@ def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path
 def test_mlflow_server_serves_every_run_with_tags_metrics_and_checkpoint(smoke_run, tmp_path):
     store = smoke_run["dir"] / "results" / "smoke" / "mlflow.db"
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--backend-store-uri", f"sqlite:///{store}", "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=smoke_run["dir"])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{store}",
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=smoke_run["dir"],
+    )
     base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
     try:
         deadline = time.time() + 90
         while True:
             try:
-                experiment = _get(f"{base}/experiments/get-by-name?experiment_name=vlbert-ablation-smoke")["experiment"]
+                experiment = _get(f"{base}/experiments/get-by-name?experiment_name=vlbert-ablation-smoke")[
+                    "experiment"
+                ]
                 break
             except OSError:
                 assert time.time() < deadline and server.poll() is None, "mlflow server did not come up"
                 time.sleep(1)
         runs, token = [], None
         while True:
-            page = _get(f"{base}/runs/search", {"experiment_ids": [experiment["experiment_id"]], "max_results": 500,
-                                                **({"page_token": token} if token else {})})
+            page = _get(
+                f"{base}/runs/search",
+                {
+                    "experiment_ids": [experiment["experiment_id"]],
+                    "max_results": 500,
+                    **({"page_token": token} if token else {}),
+                },
+            )
             runs += page.get("runs", [])
             token = page.get("next_page_token")
             if not token:
@@ -166,6 +228,7 @@ def test_mlflow_server_serves_every_run_with_tags_metrics_and_checkpoint(smoke_r
 def _training_jobs(snakemake) -> list:
     """The study's running training jobs (`vlbert pretrain|sweep|finetune` under Snakemake)."""
     import psutil
+
     jobs = []
     for process in psutil.Process(snakemake.pid).children(recursive=True):
         try:
@@ -187,6 +250,7 @@ def test_a_study_killed_at_a_random_moment_finishes_with_the_same_table(smoke_ru
     import signal
 
     import psutil
+
     seed = int(os.environ.get("VLBERT_KILL_SEED", random.randrange(1_000_000)))
     rng = random.Random(seed)
     print(f"kill moments drawn with VLBERT_KILL_SEED={seed}")
@@ -216,7 +280,7 @@ def test_a_study_killed_at_a_random_moment_finishes_with_the_same_table(smoke_ru
                 family = [running[0]] + running[0].children(recursive=True)
                 running[0].send_signal(signal.SIGKILL)
                 victim = running[0]
-            except psutil.NoSuchProcess:   # it ended in the meantime: the next one
+            except psutil.NoSuchProcess:  # it ended in the meantime: the next one
                 continue
             for process in family[1:]:
                 try:

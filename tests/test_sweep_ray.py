@@ -59,10 +59,20 @@ def _temp_folders(pid: int) -> list[Path]:
 def _sweep(tmp_path, monkeypatch, tune):
     """run_sweeps as `vlbert sweep` calls it, its Ray Tune run replaced by `tune`."""
     from vlbert.study import sweep
+
     monkeypatch.setattr(sweep, "_tune", tune)
     preset = {"name": "t", "seed": 0, "sweep": {"lrs": [1e-3]}}
-    return sweep.run_sweeps(preset, "no_pretrain", ["vqa"], tmp_path / "sweep", data_root=None, features_dir=None,
-                            bert=None, detector=None, cores=1)
+    return sweep.run_sweeps(
+        preset,
+        "no_pretrain",
+        ["vqa"],
+        tmp_path / "sweep",
+        data_root=None,
+        features_dir=None,
+        bert=None,
+        detector=None,
+        cores=1,
+    )
 
 
 TRIALS = {"vqa": [{"lr": 1e-3, "best_val_accuracy": 50.0, "val_accuracy_by_epoch": [50.0], "error": None}]}
@@ -71,14 +81,19 @@ TRIALS = {"vqa": [{"lr": 1e-3, "best_val_accuracy": 50.0, "val_accuracy_by_epoch
 def test_a_sweeps_ray_listens_on_loopback_only(tmp_path, monkeypatch):
     # Seen: during a sweep, gcs_server, raylet and the workers listened on every interface.
     import ray
+
     bound = []
 
     def tune(*args, **kwargs):
-        assert ray.get(ray.remote(lambda: os.getpid()).remote()) != os.getpid()   # a worker is up too
-        time.sleep(2)                                                     # the agents open theirs
-        processes = [psutil.Process(), *_ray_processes()]                 # the driver's core worker listens too
-        bound.extend((p.name(), c.laddr.ip, c.laddr.port) for p in processes   # TCP listening, UDP bound
-                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN or not c.raddr)
+        assert ray.get(ray.remote(lambda: os.getpid()).remote()) != os.getpid()  # a worker is up too
+        time.sleep(2)  # the agents open theirs
+        processes = [psutil.Process(), *_ray_processes()]  # the driver's core worker listens too
+        bound.extend(
+            (p.name(), c.laddr.ip, c.laddr.port)
+            for p in processes  # TCP listening, UDP bound
+            for c in p.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN or not c.raddr
+        )
         return TRIALS
 
     _sweep(tmp_path, monkeypatch, tune)
@@ -89,6 +104,7 @@ def test_a_sweeps_ray_listens_on_loopback_only(tmp_path, monkeypatch):
 @pytest.mark.parametrize("ending", ["returns", "fails"])
 def test_a_sweep_leaves_no_ray_process_and_no_temp_folder(ending, tmp_path, monkeypatch):
     import ray
+
     seen = {}
 
     def tune(*args, **kwargs):
@@ -144,6 +160,7 @@ def test_the_folder_of_a_killed_sweep_goes_with_the_next_one():
     # SIGKILL runs no code of the sweep's: Ray's GCS and raylet die with it (the kernel sees to
     # that), its folder stays until the next local Ray starts.
     from vlbert.study.sweep import local_ray
+
     holder, processes, folder = _held_ray()
     holder.kill()
     holder.wait()

@@ -42,6 +42,7 @@ def test_rerun_skips_complete_data_sets_and_remakes_changed_ones(smoke_config, t
 
 def test_interrupted_data_set_leaves_no_folder_and_is_remade(smoke_config, tmp_path, monkeypatch):
     from vlbert.data import synthetic
+
     spec = synthetic_spec(smoke_config)
 
     def crash(spec, root):
@@ -64,17 +65,35 @@ def test_scenes_never_overlap():
         boxes = [o.box for o in scene.objects]
         for i, a in enumerate(boxes):
             assert 0 <= a[0] and 0 <= a[1] and a[2] <= 96 and a[3] <= 96
-            for b in boxes[i + 1:]:
+            for b in boxes[i + 1 :]:
                 assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
 
 
-LOCATION_WORDS = {"left", "right", "top", "bottom", "above", "below", "middle", "center", "front", "behind",
-                  "next", "beside", "first", "second", "third", "last", "corner"}
+LOCATION_WORDS = {
+    "left",
+    "right",
+    "top",
+    "bottom",
+    "above",
+    "below",
+    "middle",
+    "center",
+    "front",
+    "behind",
+    "next",
+    "beside",
+    "first",
+    "second",
+    "third",
+    "last",
+    "corner",
+}
 
 
 def test_refcoco_expressions_are_appearance_only_and_unique(smoke_world):
     from vlbert.data.refcoco import RefCOCO
     from vlbert.data.synthetic.refcoco import TEST_KINDS
+
     data = RefCOCO(smoke_world / "refcoco+")
     for ref in data.refs:
         for sentence in ref["sentences"]:
@@ -93,6 +112,7 @@ def test_refcoco_expressions_are_appearance_only_and_unique(smoke_world):
 def test_vcr_right_answers_need_the_image(smoke_world):
     """The right answer is not identifiable from the question's words and object names alone."""
     from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
+
     examples = read_vcr(smoke_world / "vcr/train.jsonl")
     assert Counter(e.answer_label for e in examples).keys() == {0, 1, 2, 3}
     for e in examples:
@@ -106,20 +126,23 @@ def test_vcr_asks_every_kind_of_question_about_as_often():
     # The kind is drawn first and a fitting pair after it: a comparison, which needs two sizes,
     # is not made rare by how often two random objects differ in size.
     from vlbert.data.synthetic.vcr import make_item
+
     rng = np.random.default_rng(0)
     scenes = [sample_scene(rng, 96, int(rng.integers(2, 7))) for _ in range(1000)]
     items = [make_item(scene, rng) for scene in scenes]
     kinds = Counter(item["kind"] for item in items)
     assert set(kinds) == {"feel", "weight", "compare", "corners", "same_feel"}
-    assert min(kinds.values()) > 120, kinds            # compare 145 (a scene may have one size); 92 before
+    assert min(kinds.values()) > 120, kinds  # compare 145 (a scene may have one size); 92 before
     for scene, item in zip(scenes, items):
-        if item["kind"] == "compare":                  # "which is heavier , [i] or [j] ?"
+        if item["kind"] == "compare":  # "which is heavier , [i] or [j] ?"
             (i,), (j,) = item["question"][4], item["question"][6]
             assert scene.objects[i].size != scene.objects[j].size
+
 
 def test_language_has_words_only_the_image_resolves(smoke_world):
     from vlbert.data.conceptual_captions import read_captions
     from vlbert.data.text_corpus import read_corpus
+
     captions = [c.caption for c in read_captions(smoke_world / "conceptual_captions/train.tsv")]
     words = Counter(w for c in captions for w in c.split())
     assert all(words[s] + words[s + "s"] + words[s + "es"] > 0 for s in SHAPES)
@@ -139,8 +162,12 @@ def test_mini_pretraining_data_outnumbers_each_finetuning_set():
         "vqa": synthetic["vqa"]["train"] * synthetic["vqa"]["questions_per_image"],
         "vcr": synthetic["vcr"]["train"],
         # an upper bound: at most 6 referable objects an image, in the training share of images
-        "refcoco+": int(synthetic["refcoco+"]["images"] * (1 - synthetic["refcoco+"]["held_out_fraction"])
-                        * 6 * synthetic["refcoco+"]["expressions_per_ref"]),
+        "refcoco+": int(
+            synthetic["refcoco+"]["images"]
+            * (1 - synthetic["refcoco+"]["held_out_fraction"])
+            * 6
+            * synthetic["refcoco+"]["expressions_per_ref"]
+        ),
     }
     assert all(pretraining >= 2 * n for n in finetuning.values()), finetuning
 
@@ -148,6 +175,7 @@ def test_mini_pretraining_data_outnumbers_each_finetuning_set():
 def test_captions_name_one_to_three_salient_objects_of_mostly_simple_scenes():
     from vlbert.data.synthetic import captions
     from vlbert.data.synthetic.world import COLOURS, sample_scene
+
     rng = np.random.default_rng(0)
     sizes, named_counts = Counter(), Counter()
     for _ in range(2000):
@@ -159,5 +187,5 @@ def test_captions_name_one_to_three_salient_objects_of_mostly_simple_scenes():
         # what a caption says is true of the image: every colour it names is there
         assert set(named) <= {o.colour for o in scene.objects}, text
     assert set(named_counts) <= {1, 2, 3}
-    assert (sizes[1] + sizes[2]) / 2000 > 0.6                           # a one-step read often pays
-    assert sum(n for k, n in sizes.items() if k >= 3) / 2000 > 0.25       # distractors keep binding needed
+    assert (sizes[1] + sizes[2]) / 2000 > 0.6  # a one-step read often pays
+    assert sum(n for k, n in sizes.items() if k >= 3) / 2000 > 0.25  # distractors keep binding needed

@@ -31,6 +31,7 @@ class Tiny(torch.nn.Module):
 
     def save_pretrained(self, folder):
         from safetensors.torch import save_file
+
         folder.mkdir(parents=True, exist_ok=True)
         save_file(self.state_dict(), str(folder / "model.safetensors"))
 
@@ -42,6 +43,7 @@ def _metrics(path):
 
 
 # ---- optimisers and schedules ----------------------------------------------------------------
+
 
 def test_linear_warmup_then_linear_decay():
     model = torch.nn.Linear(2, 2)
@@ -82,19 +84,22 @@ def test_the_tuned_fast_rcnn_takes_its_own_rate_through_the_schedule():
     assert rates[id(model["fast_rcnn"].weight)] == rates[id(model["fast_rcnn"].bias)] == pytest.approx(0.1)
     assert rates[id(model["head"].weight)] == rates[id(model["head"].bias)] == 1.0
     scheduler = build_scheduler(optimizer, {"warmup_steps": 2, "schedule": "linear_decay"}, 10, 5)
-    assert sorted(scheduler.get_last_lr()) == pytest.approx([0.05, 0.05, 0.5, 0.5])   # warm-up keeps the ratio
+    assert sorted(scheduler.get_last_lr()) == pytest.approx([0.05, 0.05, 0.5, 0.5])  # warm-up keeps the ratio
 
 
 # ---- the stages ------------------------------------------------------------------------------
+
 
 def test_word_embedding_std_draws_the_embeddings_and_the_tied_decoder():
     # The mini world's bert-init starts its words wide apart: at BERT's 0.02 the colours ended
     # near one embedding, and pre-training could not tell them apart from the image.
     from transformers import BertConfig, BertForMaskedLM
     from vlbert.engine.bert_init import init_word_embeddings
+
     torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(vocab_size=400, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                       intermediate_size=64))
+    model = BertForMaskedLM(
+        BertConfig(vocab_size=400, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    )
     assert float(model.get_input_embeddings().weight[1:].std()) == pytest.approx(0.02, rel=0.1)
     init_word_embeddings(model, 0.1)
     weight = model.get_input_embeddings().weight
@@ -106,9 +111,13 @@ def test_word_embedding_std_draws_the_embeddings_and_the_tied_decoder():
 def test_bert_init_checkpoint_loads_into_vlbert(smoke_study):
     from vlbert.engine.build import build_model
     from vlbert.modeling import VLBertForPreTraining
+
     model, report = build_model(VLBertForPreTraining, {}, smoke_study["bert"], smoke_study["detector"])
-    assert report["new"] and all(n.startswith(("vlbert.visual_embeddings.", "mlm.", "roi_head.", "relation_head."))
-                                 for n in report["new"] if "segment C" not in n)
+    assert report["new"] and all(
+        n.startswith(("vlbert.visual_embeddings.", "mlm.", "roi_head.", "relation_head."))
+        for n in report["new"]
+        if "segment C" not in n
+    )
 
 
 def test_a_trained_vocabulary_puts_img_and_end_where_the_model_looks_for_them(smoke_study):
@@ -116,6 +125,7 @@ def test_a_trained_vocabulary_puts_img_and_end_where_the_model_looks_for_them(sm
     # model that took id 1 for [IMG] would give the regions a word's tiny share of the image.
     from vlbert.engine.build import build_model, load_processor
     from vlbert.modeling import VLBertForPreTraining
+
     processor = load_processor(smoke_study["bert"], 40)
     assert len(processor.tokenizer) < 1000 and processor.img_token_id != 1
     model, _ = build_model(VLBertForPreTraining, {}, smoke_study["bert"], smoke_study["detector"])
@@ -141,12 +151,22 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
         seen = set()
 
         def log_metrics(self, metrics, step=None):
-            self.seen |= {k[len("loss_"):] for k in metrics if k.startswith("loss_")}
+            self.seen |= {k[len("loss_") :] for k in metrics if k.startswith("loss_")}
 
     tracker = Recorder()
     out = smoke_study["root"] / "pretrain" / name
-    summary = pretrain(smoke_config, SETTINGS[name], smoke_study["bert"], smoke_study["detector"], smoke_study["data"],
-                       smoke_study["features"], out, tracker, load_processor(smoke_study["bert"], 40), progress=False)
+    summary = pretrain(
+        smoke_config,
+        SETTINGS[name],
+        smoke_study["bert"],
+        smoke_study["detector"],
+        smoke_study["data"],
+        smoke_study["features"],
+        out,
+        tracker,
+        load_processor(smoke_study["bert"], 40),
+        progress=False,
+    )
     assert tracker.seen == EXPECTED_LOSSES[name]
     assert (out / "best" / "model.safetensors").is_file() and 0 <= summary["val"]["mlm_accuracy"] <= 100
     val = summary["val"]
@@ -157,15 +177,20 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
     from safetensors.torch import load_file
     from vlbert.data.feature_store import FeatureStore
     from vlbert.engine.data import CaptionDataset, feature_mean
-    captions = CaptionDataset(smoke_study["data"] / "conceptual_captions", "train",
-                              FeatureStore(smoke_study["features"] / "conceptual_captions.train.det.h5"),
-                              smoke_config.get("model", {}).get("max_rois"))
+
+    captions = CaptionDataset(
+        smoke_study["data"] / "conceptual_captions",
+        "train",
+        FeatureStore(smoke_study["features"] / "conceptual_captions.train.det.h5"),
+        smoke_config.get("model", {}).get("max_rois"),
+    )
     saved = load_file(str(out / "best" / "model.safetensors"))["vlbert.visual_embeddings.appearance_mean"]
     assert saved.abs().sum() > 0 and torch.equal(saved, feature_mean(c["regions"] for c in captions))
     # The checkpoint the study wrote is a transformers one: its class and AutoModel load it.
     import vlbert  # noqa: F401  (registers the Auto classes)
     from transformers import AutoModel
     from vlbert.modeling import VLBertForPreTraining, VLBertModel
+
     model = VLBertForPreTraining.from_pretrained(out / "best")
     encoder = AutoModel.from_pretrained(out / "best")
     assert type(encoder) is VLBertModel and encoder.config.tune_frcnn is SETTINGS[name].tune_frcnn
@@ -175,16 +200,18 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
 
 def test_other_image_order_pairs_each_image_with_one_of_as_many_regions():
     from vlbert.engine.pretrain import other_image_order
+
     counts = [3, 2, 3, 5, 2, 3]
     order = other_image_order(counts)
-    assert sorted(order) == list(range(len(counts)))                 # every image is used once
+    assert sorted(order) == list(range(len(counts)))  # every image is used once
     assert all(counts[j] == counts[i] for i, j in enumerate(order))
-    assert [i for i, j in enumerate(order) if i == j] == [3]          # only the lone 5-region image keeps its own
+    assert [i for i, j in enumerate(order) if i == j] == [3]  # only the lone 5-region image keeps its own
 
 
 def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_config, smoke_validation):
     from vlbert.engine.pretrain import validation_batches, visual_clue_accuracy
     from vlbert.modeling import VLBertForPreTraining
+
     val, _, collate = smoke_validation
     own, other = validation_batches(val, collate, 0, 4)
     for mine, theirs in zip(own, other):
@@ -193,6 +220,7 @@ def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_
     assert any(not torch.equal(a["visual"].features, b["visual"].features) for a, b in zip(own, other))
     # A model whose visual projection ignores the appearance and boxes cannot gain from the image.
     from vlbert.engine.build import build_model
+
     model, _ = build_model(VLBertForPreTraining, smoke_config, smoke_study["bert"], smoke_study["detector"])
     with torch.no_grad():
         model.vlbert.visual_embeddings.projection.weight.zero_()
@@ -203,6 +231,7 @@ def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_
 def test_tune_frcnn_changes_the_fast_rcnn_only_in_full(smoke_study):
     from safetensors.torch import load_file
     from vlbert.detection.model import WEIGHTS_FILE
+
     detector = load_file(str(smoke_study["detector"] / WEIGHTS_FILE))
     key = "backbone.layer3.0.conv1.weight"
     for name, tuned in (("b", False), ("full", True)):
@@ -217,8 +246,25 @@ def test_tune_frcnn_changes_the_fast_rcnn_only_in_full(smoke_study):
 def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tmp_path, capsys):
     out = tmp_path / task
     lr = "0.02" if task.startswith("vcr") else "0.001"
-    assert main(["finetune", "--setting", "no_pretrain", "--task", task, "--lr", lr, "--seed", "0", "--out", str(out),
-                 *study_args(smoke_study)]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                task,
+                "--lr",
+                lr,
+                "--seed",
+                "0",
+                "--out",
+                str(out),
+                *study_args(smoke_study),
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["setting"] == "no_pretrain" and metrics["task"] == task and metrics["seed"] == 0
     # Without pre-training, the features are centred on the task's own training images.
@@ -226,8 +272,10 @@ def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tm
     from vlbert.engine.build import load_processor
     from vlbert.engine.data import feature_mean
     from vlbert.engine.tasks import build_task
-    train = build_task(task, load_processor(smoke_study["bert"], 40), smoke_study["data"],
-                       smoke_study["features"]).examples("train")
+
+    train = build_task(
+        task, load_processor(smoke_study["bert"], 40), smoke_study["data"], smoke_study["features"]
+    ).examples("train")
     saved = load_file(str(out / "best" / "model.safetensors"))["vlbert.visual_embeddings.appearance_mean"]
     assert torch.equal(saved, feature_mean(e["regions"] for e in train))
     assert metrics["lr"] == float(lr) and metrics["epochs"] == 1 and metrics["best_epoch"] == 1
@@ -235,18 +283,52 @@ def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tm
     data = smoke_study["data"]
     capsys.readouterr()
     if task == "vqa":
-        assert main(["evaluate", "vqa", "--questions", str(data / "vqa/v2_OpenEnded_mscoco_test-dev2015_questions.json"),
-                     "--annotations", str(data / "vqa/v2_mscoco_test-dev2015_annotations.json"),
-                     "--predictions", str(out / "predictions_test.json")]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    "vqa",
+                    "--questions",
+                    str(data / "vqa/v2_OpenEnded_mscoco_test-dev2015_questions.json"),
+                    "--annotations",
+                    str(data / "vqa/v2_mscoco_test-dev2015_annotations.json"),
+                    "--predictions",
+                    str(out / "predictions_test.json"),
+                ]
+            )
+            == 0
+        )
         assert f"VQA accuracy: {metrics['test']['accuracy']:.2f}" in capsys.readouterr().out
     elif task.startswith("vcr"):
-        assert main(["evaluate", "vcr", "--annotations", str(data / "vcr/test.jsonl"),
-                     "--predictions", str(out / "predictions_test.json")]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    "vcr",
+                    "--annotations",
+                    str(data / "vcr/test.jsonl"),
+                    "--predictions",
+                    str(out / "predictions_test.json"),
+                ]
+            )
+            == 0
+        )
         key = "q2a" if task == "vcr_q2a" else "qa2r"
         assert f"{key}: {metrics['test']['accuracy']:.2f}" in capsys.readouterr().out
     else:
-        assert main(["evaluate", "refcoco", "--root", str(data / "refcoco+"),
-                     "--predictions", str(out / "predictions_test.json")]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    "refcoco",
+                    "--root",
+                    str(data / "refcoco+"),
+                    "--predictions",
+                    str(out / "predictions_test.json"),
+                ]
+            )
+            == 0
+        )
         printed = capsys.readouterr().out
         assert f"testA: {metrics['test']['accuracy_testA']:.2f}" in printed
         assert f"testB: {metrics['test']['accuracy_testB']:.2f}" in printed
@@ -279,13 +361,30 @@ def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp
     from vlbert.data.errors import DataFormatError
     from vlbert.engine.tuned_features import check_store_features
     from vlbert.modeling import VLBertForPreTraining
+
     pretrained = smoke_study["root"] / "pretrain" / "full" / "best"
     if not pretrained.exists():
         pytest.skip("runs after the pre-training tests")
     store = smoke_study["features"] / "refcoco+.all.det.h5"
-    assert main(["tune-features", "--config", str(smoke_study["preset"]), "--pretrained", str(pretrained),
-                 "--store", str(store), "--out", str(tmp_path / "tuned"), "--data", str(smoke_study["data"]),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "tune-features",
+                "--config",
+                str(smoke_study["preset"]),
+                "--pretrained",
+                str(pretrained),
+                "--store",
+                str(store),
+                "--out",
+                str(tmp_path / "tuned"),
+                "--data",
+                str(smoke_study["data"]),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     tuned_path = tmp_path / "tuned" / store.name
     with pytest.raises(DataFormatError, match="vlbert tune-features"):
         check_store_features(SETTINGS["full"], [store], pretrained)
@@ -302,9 +401,27 @@ def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp
             expected = fast_rcnn([load_image(paths[key])], [torch.from_numpy(original[key]["boxes"])])[0]
         assert torch.allclose(torch.from_numpy(tuned[key]["features"]), expected, atol=1e-4)
         assert not np.allclose(tuned[key]["features"], original[key]["features"], atol=1e-4)  # tuning moved them
-    assert main(["finetune", "--setting", "full", "--task", "refcoco_det", "--lr", "0.001", "--seed", "1",
-                 "--out", str(tmp_path / "full"), "--pretrained", str(pretrained),
-                 *study_args({**smoke_study, "features": tmp_path / "tuned"})]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "full",
+                "--task",
+                "refcoco_det",
+                "--lr",
+                "0.001",
+                "--seed",
+                "1",
+                "--out",
+                str(tmp_path / "full"),
+                "--pretrained",
+                str(pretrained),
+                *study_args({**smoke_study, "features": tmp_path / "tuned"}),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "full" / "metrics.json").read_text())["setting"] == "full"
 
 
@@ -326,6 +443,7 @@ def test_fine_tuning_refuses_the_features_of_another_fast_rcnn(tmp_path):
     from conftest import tiny_store
     from vlbert.data.errors import DataFormatError
     from vlbert.engine.tuned_features import check_store_features, tune_store
+
     image = tmp_path / "1.png"
     Image.new("RGB", (10, 10)).save(image)
     extracted = tiny_store(tmp_path / "features" / "refcoco+.all.det.h5", dataset="refcoco+", split="all")
@@ -341,42 +459,86 @@ def test_fine_tuning_refuses_the_features_of_another_fast_rcnn(tmp_path):
     check_store_features(SETTINGS["d"], [extracted], tmp_path / "pretrain" / "d" / "best")
     check_store_features(SETTINGS["no_pretrain"], [extracted], None)
     full_id, other_id = re.escape(str(full.resolve())), re.escape(str(other.resolve()))
-    with pytest.raises(DataFormatError, match=rf"tuned_other/refcoco\+\.all\.det\.h5: holds the features of the tuned "
-                                              rf"Fast R-CNN of {other_id}, but setting 'full' fine-tunes on those of the "
-                                              rf"tuned Fast R-CNN of {full_id}: run `vlbert tune-features"):
+    with pytest.raises(
+        DataFormatError,
+        match=rf"tuned_other/refcoco\+\.all\.det\.h5: holds the features of the tuned "
+        rf"Fast R-CNN of {other_id}, but setting 'full' fine-tunes on those of the "
+        rf"tuned Fast R-CNN of {full_id}: run `vlbert tune-features",
+    ):
         check_store_features(SETTINGS["full"], [stores["full"], stores["other"]], full)
-    with pytest.raises(DataFormatError, match=rf"features/refcoco\+\.all\.det\.h5: holds the features of the "
-                                              rf"detector's Fast R-CNN \(not tuned\), but setting 'full' fine-tunes on "
-                                              rf"those of the tuned Fast R-CNN of {full_id}: run `vlbert tune-features"):
+    with pytest.raises(
+        DataFormatError,
+        match=rf"features/refcoco\+\.all\.det\.h5: holds the features of the "
+        rf"detector's Fast R-CNN \(not tuned\), but setting 'full' fine-tunes on "
+        rf"those of the tuned Fast R-CNN of {full_id}: run `vlbert tune-features",
+    ):
         check_store_features(SETTINGS["full"], [extracted], full)
     for name in ("d", "no_pretrain"):
-        with pytest.raises(DataFormatError, match=rf"tuned_full/refcoco\+\.all\.det\.h5: holds the features of the "
-                                                  rf"tuned Fast R-CNN of {full_id}, but setting '{name}' fine-tunes on "
-                                                  rf"those of the detector's Fast R-CNN \(not tuned\)"):
+        with pytest.raises(
+            DataFormatError,
+            match=rf"tuned_full/refcoco\+\.all\.det\.h5: holds the features of the "
+            rf"tuned Fast R-CNN of {full_id}, but setting '{name}' fine-tunes on "
+            rf"those of the detector's Fast R-CNN \(not tuned\)",
+        ):
             check_store_features(SETTINGS[name], [stores["full"]], None)
     # Known by its weights: a copy of the checkpoint elsewhere is the same Fast R-CNN; the folder
     # pre-trained again is another, whose features are not these.
     shutil.copytree(full, tmp_path / "copy")
     check_store_features(SETTINGS["full"], [stores["full"]], tmp_path / "copy")
     (full / "model.safetensors").write_bytes(b"the weights of full, trained again")
-    with pytest.raises(DataFormatError, match=rf"tuned_full/.*: holds the features of the tuned Fast R-CNN of {full_id} "
-                                              rf"before it was pre-trained again"):
+    with pytest.raises(
+        DataFormatError,
+        match=rf"tuned_full/.*: holds the features of the tuned Fast R-CNN of {full_id} "
+        rf"before it was pre-trained again",
+    ):
         check_store_features(SETTINGS["full"], [stores["full"]], full)
 
 
 # ---- determinism and crash safety ------------------------------------------------------------
 
+
 def test_same_seed_same_metrics(smoke_study, tmp_path):
     for run in ("one", "two"):
-        assert main(["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "--lr", "0.02", "--seed", "3",
-                     "--out", str(tmp_path / run), *study_args(smoke_study)]) == 0
+        assert (
+            main(
+                [
+                    "finetune",
+                    "--setting",
+                    "no_pretrain",
+                    "--task",
+                    "vcr_q2a",
+                    "--lr",
+                    "0.02",
+                    "--seed",
+                    "3",
+                    "--out",
+                    str(tmp_path / run),
+                    *study_args(smoke_study),
+                ]
+            )
+            == 0
+        )
     assert _metrics(tmp_path / "one") == _metrics(tmp_path / "two")
 
 
 def test_finetune_into_a_folder_of_another_rate_starts_afresh(smoke_study, tmp_path, capsys):
     # Seen: `--lr 5e-2` into a folder finished at 1e-3 wrote "lr": 0.05 beside 1e-3's numbers.
-    run = lambda lr, out: main(["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "--lr", lr, "--seed", "3",
-                                "--out", str(tmp_path / out), *study_args(smoke_study)])
+    run = lambda lr, out: main(
+        [
+            "finetune",
+            "--setting",
+            "no_pretrain",
+            "--task",
+            "vcr_q2a",
+            "--lr",
+            lr,
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path / out),
+            *study_args(smoke_study),
+        ]
+    )
     assert run("0.001", "reused") == 0
     assert run("0.02", "reused") == 0
     assert "not resuming" in capsys.readouterr().out
@@ -393,12 +555,37 @@ def test_continue_trial_resumes_only_a_trial_of_the_same_run(smoke_study, tmp_pa
     preset["finetune"]["vcr"]["batch_size"] += 1
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump(preset))
-    trial = ["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "--lr", "0.001", "--seed", "0",
-             "--out", str(sweep / "trials" / "lr_0.001"), *study_args({**smoke_study, "preset": other})]
+    trial = [
+        "finetune",
+        "--setting",
+        "no_pretrain",
+        "--task",
+        "vcr_q2a",
+        "--lr",
+        "0.001",
+        "--seed",
+        "0",
+        "--out",
+        str(sweep / "trials" / "lr_0.001"),
+        *study_args({**smoke_study, "preset": other}),
+    ]
     assert main(trial) == 0
     capsys.readouterr()
-    seeds = ["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "--lr-from", str(sweep.parent),
-             "--continue-trial", "--seed", "0", "--out", str(tmp_path / "seed0"), *study_args(smoke_study)]
+    seeds = [
+        "finetune",
+        "--setting",
+        "no_pretrain",
+        "--task",
+        "vcr_q2a",
+        "--lr-from",
+        str(sweep.parent),
+        "--continue-trial",
+        "--seed",
+        "0",
+        "--out",
+        str(tmp_path / "seed0"),
+        *study_args(smoke_study),
+    ]
     assert main(seeds) == 0
     out = capsys.readouterr().out
     assert "continuing the sweep's trial" in out and "not resuming" in out and "finetune.batch_size" in out
@@ -407,13 +594,28 @@ def test_continue_trial_resumes_only_a_trial_of_the_same_run(smoke_study, tmp_pa
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
     preset = yaml.safe_load(smoke_study["preset"].read_text())
-    preset["finetune"]["vqa"]["epochs"] = 8            # 4 epochs of 12 batches: time to be killed mid-epoch
+    preset["finetune"]["vqa"]["epochs"] = 8  # 4 epochs of 12 batches: time to be killed mid-epoch
     preset["training"]["checkpoint_every"] = 5
     preset_path = tmp_path / "smoke_long.yaml"
     preset_path.write_text(yaml.safe_dump(preset))
     study = {**smoke_study, "preset": preset_path}
-    command = [sys.executable, "-m", "vlbert.cli", "finetune", "--setting", "no_pretrain", "--task", "vqa",
-               "--lr", "0.001", "--seed", "0", *study_args(study), "--threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "vlbert.cli",
+        "finetune",
+        "--setting",
+        "no_pretrain",
+        "--task",
+        "vqa",
+        "--lr",
+        "0.001",
+        "--seed",
+        "0",
+        *study_args(study),
+        "--threads",
+        "1",
+    ]
     killed = tmp_path / "killed"
     process = subprocess.Popen(command + ["--out", str(killed)])
     deadline = time.time() + 180
@@ -423,7 +625,7 @@ def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     state = read_state(killed / "checkpoint")["position"]
-    assert state["batch"] > 0 and not (killed / "metrics.json").exists()      # killed mid-epoch
+    assert state["batch"] > 0 and not (killed / "metrics.json").exists()  # killed mid-epoch
     subprocess.run(command + ["--out", str(killed)], check=True)
     subprocess.run(command + ["--out", str(tmp_path / "straight")], check=True)
     assert _metrics(killed) == _metrics(tmp_path / "straight")
@@ -439,13 +641,24 @@ def _tiny_loop(folder, identity, lr=0.1, select_metric=None, evaluate=None, trac
     scheduler = build_scheduler(optimizer, {}, 20, 10)
     batch = lambda epoch, b: {"x": torch.full((1, 2), float(epoch * 10 + b))}
     loss_fn = lambda model, batch: (((model.linear(batch["x"]) - 1.0) ** 2).sum().div(100), {})
-    return TrainingLoop(model, optimizer, scheduler, LoopConfig(2, 10, checkpoint_every=5, select_metric=select_metric),
-                        folder, batch, loss_fn, tracker or NullTracker(), evaluate=evaluate, progress=False,
-                        identity=identity)
+    return TrainingLoop(
+        model,
+        optimizer,
+        scheduler,
+        LoopConfig(2, 10, checkpoint_every=5, select_metric=select_metric),
+        folder,
+        batch,
+        loss_fn,
+        tracker or NullTracker(),
+        evaluate=evaluate,
+        progress=False,
+        identity=identity,
+    )
 
 
 def _weights(folder):
     from safetensors.torch import load_file
+
     return load_file(str(folder / "model.safetensors"))
 
 
@@ -454,14 +667,16 @@ def test_a_checkpoint_is_resumed_only_by_the_run_that_made_it(tmp_path, capsys):
     _tiny_loop(tmp_path / "out", {"lr": 0.1, "inputs": {"bert": "sha256 aa"}}).fit()
     again = _tiny_loop(tmp_path / "out", {"lr": 0.1, "inputs": {"bert": "sha256 aa"}})
     again.fit()
-    assert again.steps_timed == 0                                   # the same run: resumed, nothing to do
+    assert again.steps_timed == 0  # the same run: resumed, nothing to do
     other = _tiny_loop(tmp_path / "out", {"lr": 0.3, "inputs": {"bert": "sha256 bb"}}, lr=0.3)
     other.fit()
     assert "not resuming" in capsys.readouterr().out and other.steps_timed == 20
     fresh = _tiny_loop(tmp_path / "fresh", {"lr": 0.3, "inputs": {"bert": "sha256 bb"}}, lr=0.3)
     fresh.fit()
-    assert all(torch.equal(a, b) for a, b in zip(_weights(tmp_path / "out" / "best").values(),
-                                                   _weights(tmp_path / "fresh" / "best").values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(_weights(tmp_path / "out" / "best").values(), _weights(tmp_path / "fresh" / "best").values())
+    )
 
 
 def test_checkpoints_need_no_unpickler(tmp_path):
@@ -478,8 +693,10 @@ def test_checkpoints_need_no_unpickler(tmp_path):
 
 def test_identity_differences_name_the_keys():
     from vlbert.engine.checkpoint import identity_differences
-    assert identity_differences({"lr": 0.1, "preset": {"model": {"a": 1}, "seed": 0}},
-                                {"lr": 0.2, "preset": {"model": {"a": 2}, "seed": 0}}) == ["lr", "preset.model.a"]
+
+    assert identity_differences(
+        {"lr": 0.1, "preset": {"model": {"a": 1}, "seed": 0}}, {"lr": 0.2, "preset": {"model": {"a": 2}, "seed": 0}}
+    ) == ["lr", "preset.model.a"]
 
 
 def test_a_checkpoint_without_an_identity_is_not_resumed(tmp_path, capsys):
@@ -493,6 +710,7 @@ def test_a_finished_run_writes_its_best_weights_again(tmp_path):
     # Seen: Snakemake deleted best/ of a killed job; the re-run found its finished checkpoint and
     # never wrote best/ again (MissingOutputException on every later run).
     import shutil
+
     _tiny_loop(tmp_path, {"lr": 0.1}).fit()
     before = _weights(tmp_path / "best")
     shutil.rmtree(tmp_path / "best")
@@ -503,7 +721,8 @@ def test_a_finished_run_writes_its_best_weights_again(tmp_path):
 
 def test_a_finished_run_whose_best_epoch_is_gone_trains_again(tmp_path, capsys):
     import shutil
-    scores = iter([2.0, 1.0, 2.0, 1.0])     # the first epoch is the best one, in both runs
+
+    scores = iter([2.0, 1.0, 2.0, 1.0])  # the first epoch is the best one, in both runs
     evaluate = lambda model: {"accuracy": next(scores)}
     _tiny_loop(tmp_path, {"lr": 0.1}, select_metric="accuracy", evaluate=evaluate).fit()
     before = _weights(tmp_path / "best")
@@ -517,9 +736,12 @@ def test_a_finished_run_whose_best_epoch_is_gone_trains_again(tmp_path, capsys):
 def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(smoke_study, tmp_path, capsys):
     # Seen: two `vlbert pretrain` into one --out crashed each other on checkpoint.partial/.old.
     from vlbert.io import exclusive_folder
+
     out = tmp_path / "out"
-    hold = ("import sys, time\nfrom vlbert.io import exclusive_folder\nwith exclusive_folder(sys.argv[1]):\n"
-            "    print('held', flush=True)\n    time.sleep(120)\n")
+    hold = (
+        "import sys, time\nfrom vlbert.io import exclusive_folder\nwith exclusive_folder(sys.argv[1]):\n"
+        "    print('held', flush=True)\n    time.sleep(120)\n"
+    )
     holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -529,7 +751,7 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(smoke_study, 
     finally:
         holder.kill()
         holder.wait()
-    with exclusive_folder(out):     # a killed holder leaves no stale lock
+    with exclusive_folder(out):  # a killed holder leaves no stale lock
         pass
 
 
@@ -547,11 +769,23 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp
         mlm = torch.tensor(0.5)
         return mlm + mrc, {"mlm": mlm, "mrc": mrc}
 
-    loop = TrainingLoop(model, optimizer, scheduler, LoopConfig(2, 10, checkpoint_every=5), tmp_path, make_batch,
-                        loss_fn, NullTracker(), progress=False)
+    loop = TrainingLoop(
+        model,
+        optimizer,
+        scheduler,
+        LoopConfig(2, 10, checkpoint_every=5),
+        tmp_path,
+        make_batch,
+        loss_fn,
+        NullTracker(),
+        progress=False,
+    )
     # The message names the step and each of the setting's losses, so that the culprit shows.
-    with pytest.raises(FloatingPointError, match=r"non-finite loss at step 7 \(epoch 1, batch 7\): "
-                                                 r"loss nan \(mlm 0\.5, mrc nan\).*checkpoint"):
+    with pytest.raises(
+        FloatingPointError,
+        match=r"non-finite loss at step 7 \(epoch 1, batch 7\): "
+        r"loss nan \(mlm 0\.5, mrc nan\).*checkpoint",
+    ):
         loop.fit()
     state = read_state(tmp_path / "checkpoint")
     assert state["position"] == {"epoch": 0, "batch": 5, "step": 5}
@@ -559,35 +793,79 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp
 
 # ---- MLflow ----------------------------------------------------------------------------------
 
+
 def test_finetune_run_is_recorded_in_mlflow(smoke_study, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # the run is seconds long
     args = [a for a in study_args(smoke_study) if a != "--no-tracking"]
-    assert main(["finetune", "--setting", "no_pretrain", "--task", "refcoco_gt", "--lr", "0.001", "--seed", "2",
-                 "--out", str(tmp_path / "run"), *args]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "refcoco_gt",
+                "--lr",
+                "0.001",
+                "--seed",
+                "2",
+                "--out",
+                str(tmp_path / "run"),
+                *args,
+            ]
+        )
+        == 0
+    )
     client = MlflowClient(uri)
     [run] = client.search_runs([client.get_experiment_by_name("vlbert-ablation-smoke").experiment_id])
     tags = run.data.tags
-    assert {tags[k] for k in ("setting", "task", "stage", "seed", "preset")} == {"no_pretrain", "refcoco_gt", "finetune", "2", "smoke"}
+    assert {tags[k] for k in ("setting", "task", "stage", "seed", "preset")} == {
+        "no_pretrain",
+        "refcoco_gt",
+        "finetune",
+        "2",
+        "smoke",
+    }
     assert len(tags["git_commit"]) >= 7
     assert run.data.params["preset.finetune.refcoco.batch_size"] == "8"
     assert {"loss", "val_accuracy", "lr"} <= set(run.data.metrics)
     assert any(name.startswith("system/") for name in run.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"metrics.json", "checkpoint"} <= artifacts
-    assert {"checkpoint/model.safetensors", "checkpoint/config.json"} <= {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+    assert {"checkpoint/model.safetensors", "checkpoint/config.json"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")
+    }
 
 
 def test_unreachable_tracking_store_fails_at_start(smoke_study, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9/")   # discard port: nothing listens
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9/")  # discard port: nothing listens
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     args = [a for a in study_args(smoke_study) if a != "--no-tracking"]
     started = time.time()
-    assert main(["finetune", "--setting", "no_pretrain", "--task", "vqa", "--lr", "0.001", "--seed", "0",
-                 "--out", str(tmp_path / "run"), *args]) == 2
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "vqa",
+                "--lr",
+                "0.001",
+                "--seed",
+                "0",
+                "--out",
+                str(tmp_path / "run"),
+                *args,
+            ]
+        )
+        == 2
+    )
     assert "MLflow tracking store 'http://127.0.0.1:9/' cannot be reached" in capsys.readouterr().err
     assert time.time() - started < 30 and not (tmp_path / "run").exists()
 
@@ -601,30 +879,51 @@ def _killed_at_step(monkeypatch, step):
     and the MLflow run is never marked ended."""
     from mlflow.tracking import MlflowClient
     from vlbert.engine.loop import TrainingLoop
+
     trains = TrainingLoop._step
 
     def step_or_die(loop, batch):
         if loop.state.step + 1 == step:
             raise Killed
         return trains(loop, batch)
+
     monkeypatch.setattr(TrainingLoop, "_step", step_or_die)
     monkeypatch.setattr(MlflowClient, "set_terminated", lambda *args, **kwargs: None)
 
 
 def _tracked_finetune(smoke_study, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     args = [a for a in study_args(smoke_study) if a != "--no-tracking"]
     client = MlflowClient(uri)
 
     def finetune(lr, *more):
-        return main(["finetune", "--setting", "no_pretrain", "--task", "vqa", "--lr", lr, "--seed", "0",
-                     "--out", str(tmp_path / "run"), *args, *more])
+        return main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "vqa",
+                "--lr",
+                lr,
+                "--seed",
+                "0",
+                "--out",
+                str(tmp_path / "run"),
+                *args,
+                *more,
+            ]
+        )
 
     def runs():
-        return client.search_runs([client.get_experiment_by_name("vlbert-ablation-smoke").experiment_id],
-                                  order_by=["attributes.start_time ASC"])
+        return client.search_runs(
+            [client.get_experiment_by_name("vlbert-ablation-smoke").experiment_id],
+            order_by=["attributes.start_time ASC"],
+        )
+
     return finetune, runs, client
 
 
@@ -633,7 +932,7 @@ def test_a_killed_run_re_run_continues_its_mlflow_run(smoke_study, tmp_path, mon
     # checkpoint's step on: the history split in two, one half RUNNING for ever.
     finetune, runs, client = _tracked_finetune(smoke_study, tmp_path, monkeypatch)
     with monkeypatch.context() as killing:
-        _killed_at_step(killing, 6)                      # 12 steps, logged every 2, a checkpoint at 5
+        _killed_at_step(killing, 6)  # 12 steps, logged every 2, a checkpoint at 5
         with pytest.raises(Killed):
             finetune("0.001")
     [killed] = runs()
@@ -648,16 +947,22 @@ def test_a_killed_run_re_run_continues_its_mlflow_run(smoke_study, tmp_path, mon
     assert run.data.tags["vlbert.resumed_at_step"] == "5"
     assert run.data.params["preset.data.root"] == str(smoke_study["data"])
     from vlbert.study.report import collect_runs, latest_results
+
     chosen, notes = latest_results(collect_runs(client.tracking_uri, "vlbert-ablation-smoke"), "finetune")
     assert list(chosen["run_id"]) == [run.info.run_id] and notes == []
 
 
-@pytest.mark.parametrize("killed_at, lr, why", [
-    (6, "0.002", "its checkpoint was not resumed: it was made by another run (differs in lr"),
-    (3, "0.001", "it stopped before its first checkpoint"),
-], ids=["another rate", "no checkpoint"])
-def test_a_killed_run_that_cannot_be_continued_ends_killed_with_a_note(smoke_study, tmp_path, monkeypatch,
-                                                                        killed_at, lr, why):
+@pytest.mark.parametrize(
+    "killed_at, lr, why",
+    [
+        (6, "0.002", "its checkpoint was not resumed: it was made by another run (differs in lr"),
+        (3, "0.001", "it stopped before its first checkpoint"),
+    ],
+    ids=["another rate", "no checkpoint"],
+)
+def test_a_killed_run_that_cannot_be_continued_ends_killed_with_a_note(
+    smoke_study, tmp_path, monkeypatch, killed_at, lr, why
+):
     # Its folder trained again from the start (another rate; nothing to resume): the killed run
     # will never go on, so it ends KILLED, saying why and which run took the folder over.
     finetune, runs, client = _tracked_finetune(smoke_study, tmp_path, monkeypatch)
@@ -668,7 +973,7 @@ def test_a_killed_run_that_cannot_be_continued_ends_killed_with_a_note(smoke_stu
     assert finetune(lr) == 0
     old, new = runs()
     assert old.info.status == "KILLED" and why in old.data.tags["vlbert.ended"]
-    assert new.info.run_id in old.data.tags["vlbert.ended"]          # where the folder's training went
+    assert new.info.run_id in old.data.tags["vlbert.ended"]  # where the folder's training went
     assert new.info.status == "FINISHED" and "vlbert.resumed_at_step" not in new.data.tags
     assert [m.step for m in client.get_metric_history(new.info.run_id, "loss")] == [2, 4, 6, 8, 10, 12]
 
@@ -686,11 +991,20 @@ class RecordingTracker:
     def abandon(self, run_id, why):
         self.calls.append(("abandon", run_id))
 
-    def log_params(self, params): pass
-    def log_metrics(self, metrics, step=None): pass
-    def log_artifact(self, path, artifact_path=None): pass
-    def set_tags(self, tags): pass
-    def close(self, status="FINISHED"): pass
+    def log_params(self, params):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        pass
+
+    def log_artifact(self, path, artifact_path=None):
+        pass
+
+    def set_tags(self, tags):
+        pass
+
+    def close(self, status="FINISHED"):
+        pass
 
 
 def test_a_checkpoint_copied_from_a_sweep_trial_starts_a_run_of_its_own(tmp_path):
@@ -707,9 +1021,8 @@ def test_a_checkpoint_copied_from_a_sweep_trial_starts_a_run_of_its_own(tmp_path
     loop.fit()
     assert loop.steps_timed == 0 and tracker.calls == [("start", None), ("abandon", "other-rate")]
     again = RecordingTracker("another-run")
-    _tiny_loop(tmp_path / "seed", {"lr": 0.1}, tracker=again).fit()       # re-run: the seed's own run goes on
+    _tiny_loop(tmp_path / "seed", {"lr": 0.1}, tracker=again).fit()  # re-run: the seed's own run goes on
     assert again.calls == [("start", "seed-run")]
-
 
 
 def test_a_continued_run_keeps_its_params_and_takes_its_new_sweep_run(tmp_path):
@@ -717,6 +1030,7 @@ def test_a_continued_run_keeps_its_params_and_takes_its_new_sweep_run(tmp_path):
     # (MLflow refuses to change them), the params it lacked added.
     from mlflow.tracking import MlflowClient
     from vlbert.tracking import MLflowTracker
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = MLflowTracker(uri, "e", "trial", {"stage": "sweep_trial"}, parent_run_id="sweep-1", system_metrics=False)
     first.log_params({"data": {"root": "/a"}})
@@ -732,20 +1046,47 @@ def test_a_continued_run_keeps_its_params_and_takes_its_new_sweep_run(tmp_path):
     assert run.data.params == {"data.root": "/a", "lr": "0.1"}
     assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "loss")] == [2, 4]
     gone = MLflowTracker(uri, "e", "trial", {}, system_metrics=False)
-    assert gone.start(continue_run="0" * 32) not in (run_id, "0" * 32)      # not in the store: a new run
+    assert gone.start(continue_run="0" * 32) not in (run_id, "0" * 32)  # not in the store: a new run
 
 
 # ---- DDP -------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_two_processes_on_cpu_stay_in_step(smoke_study, tmp_path):
     """torchrun with 2 CPU processes (gloo): the loop checks every epoch that the ranks hold the
     same weights, and fails if they drift."""
     out = tmp_path / "ddp"
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", "29517", "-m", "vlbert.cli", "finetune", "--setting", "no_pretrain",
-                             "--task", "vcr_q2a", "--lr", "0.02", "--seed", "0", "--out", str(out),
-                             *study_args(smoke_study), "--threads", "1"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29517",
+            "-m",
+            "vlbert.cli",
+            "finetune",
+            "--setting",
+            "no_pretrain",
+            "--task",
+            "vcr_q2a",
+            "--lr",
+            "0.02",
+            "--seed",
+            "0",
+            "--out",
+            str(out),
+            *study_args(smoke_study),
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["best_epoch"] == 1 and 0 <= metrics["val"]["accuracy"] <= 100
@@ -764,29 +1105,51 @@ def test_autocast_precision_trains(tmp_path, precision):
     optimizer = build_optimizer(model, {"lr": 0.05, "weight_decay": 0.0})
     scheduler = build_scheduler(optimizer, {}, 40, 20)
     loss_fn = lambda model, batch: (((model.linear(batch["x"]).float() - batch["y"]) ** 2).mean(), {})
-    loop = TrainingLoop(model, optimizer, scheduler, LoopConfig(2, 20, precision=precision), tmp_path,
-                        lambda e, b: {"x": x, "y": y}, loss_fn, NullTracker(), progress=False)
+    loop = TrainingLoop(
+        model,
+        optimizer,
+        scheduler,
+        LoopConfig(2, 20, precision=precision),
+        tmp_path,
+        lambda e, b: {"x": x, "y": y},
+        loss_fn,
+        NullTracker(),
+        progress=False,
+    )
     before = loss_fn(model, {"x": x, "y": y})[0].item()
     loop.fit()
     assert loss_fn(model, {"x": x, "y": y})[0].item() < 0.8 * before
     with pytest.raises(ValueError, match="precision"):
-        TrainingLoop(model, optimizer, scheduler, LoopConfig(1, 1, precision="fp8"), tmp_path, None, None, NullTracker())
+        TrainingLoop(
+            model, optimizer, scheduler, LoopConfig(1, 1, precision="fp8"), tmp_path, None, None, NullTracker()
+        )
 
 
 # ---- Ray Tune sweeps -------------------------------------------------------------------------
 
+
 @pytest.mark.slow
-def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(smoke_study, smoke_config, tmp_path, monkeypatch,
-                                                                        capsys):
+def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
+    smoke_study, smoke_config, tmp_path, monkeypatch, capsys
+):
     from vlbert.study.sweep import run_sweeps
-    monkeypatch.setenv("VLBERT_FAULT_ONCE", str(tmp_path / "crashed"))      # the first trial to start crashes once
+
+    monkeypatch.setenv("VLBERT_FAULT_ONCE", str(tmp_path / "crashed"))  # the first trial to start crashes once
     # One Tuner for both tasks, each with its own rates (VCR's SGD needs other rates than AdamW).
     lrs = {"vcr": [2e-2], "vqa": [1e-3], "refcoco": [1e-3, 3e-3]}
     preset = {**smoke_config, "sweep": {**smoke_config["sweep"], "lrs": lrs, "max_failures": 1}}
-    summaries = run_sweeps(preset, "no_pretrain", ["refcoco_gt", "vqa"], tmp_path / "sweep", data_root=smoke_study["data"],
-                           features_dir=smoke_study["features"], bert=smoke_study["bert"],
-                           detector=smoke_study["detector"], cores=2)
-    assert (tmp_path / "crashed").exists()                                  # a trial did crash
+    summaries = run_sweeps(
+        preset,
+        "no_pretrain",
+        ["refcoco_gt", "vqa"],
+        tmp_path / "sweep",
+        data_root=smoke_study["data"],
+        features_dir=smoke_study["features"],
+        bert=smoke_study["bert"],
+        detector=smoke_study["detector"],
+        cores=2,
+    )
+    assert (tmp_path / "crashed").exists()  # a trial did crash
     best = {task: json.loads((tmp_path / "sweep" / task / "best.json").read_text()) for task in ("refcoco_gt", "vqa")}
     assert best == summaries and best["refcoco_gt"]["lr"] in (1e-3, 3e-3) and best["vqa"]["lr"] == 1e-3
     assert [t["lr"] for t in best["refcoco_gt"]["trials"]] == [1e-3, 3e-3]
@@ -796,9 +1159,28 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(smoke_stud
     assert not list((tmp_path / "sweep").rglob("predictions_test.json"))
     # The seeds re-run each task's chosen rate, every (task, seed) in OUT/<task>/seed<N>/; the
     # sweep's seed (0) continues the sweep's own trial of that rate, as the workflow does.
-    assert main(["finetune", "--setting", "no_pretrain", "--task", "refcoco_gt", "vqa", "--lr-from",
-                 str(tmp_path / "sweep"), "--continue-trial", "--seed", "0", "1", "--out", str(tmp_path / "seeds"),
-                 *study_args(smoke_study)]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "refcoco_gt",
+                "vqa",
+                "--lr-from",
+                str(tmp_path / "sweep"),
+                "--continue-trial",
+                "--seed",
+                "0",
+                "1",
+                "--out",
+                str(tmp_path / "seeds"),
+                *study_args(smoke_study),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for task in ("refcoco_gt", "vqa"):
         assert f"no_pretrain/{task} seed 0: continuing the sweep's trial" in out
@@ -806,23 +1188,76 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(smoke_stud
         for seed in (0, 1):
             metrics = json.loads((tmp_path / "seeds" / task / f"seed{seed}" / "metrics.json").read_text())
             assert (metrics["task"], metrics["seed"], metrics["lr"]) == (task, seed, best[task]["lr"])
-            assert metrics["test"]                                           # the chosen runs are scored on test
+            assert metrics["test"]  # the chosen runs are scored on test
     # Continuing the trial gives the metrics of a run from scratch.
     for task in ("refcoco_gt", "vqa"):
-        assert main(["finetune", "--setting", "no_pretrain", "--task", task, "--lr", str(best[task]["lr"]),
-                     "--seed", "0", "--out", str(tmp_path / "scratch" / task), *study_args(smoke_study)]) == 0
+        assert (
+            main(
+                [
+                    "finetune",
+                    "--setting",
+                    "no_pretrain",
+                    "--task",
+                    task,
+                    "--lr",
+                    str(best[task]["lr"]),
+                    "--seed",
+                    "0",
+                    "--out",
+                    str(tmp_path / "scratch" / task),
+                    *study_args(smoke_study),
+                ]
+            )
+            == 0
+        )
         assert _metrics(tmp_path / "seeds" / task / "seed0") == _metrics(tmp_path / "scratch" / task)
 
 
 def test_several_tasks_take_their_rates_from_a_sweep_folder(smoke_study, tmp_path, capsys):
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"lr": 1e-3}))
-    assert main(["finetune", "--setting", "no_pretrain", "--task", "vqa", "refcoco_gt", "--lr-from", str(best),
-                 "--seed", "0", "--out", str(tmp_path / "out"), *study_args(smoke_study)]) == 2
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "vqa",
+                "refcoco_gt",
+                "--lr-from",
+                str(best),
+                "--seed",
+                "0",
+                "--out",
+                str(tmp_path / "out"),
+                *study_args(smoke_study),
+            ]
+        )
+        == 2
+    )
     assert "several tasks need a sweep folder" in capsys.readouterr().err
 
 
 def test_continue_trial_needs_a_sweep_folder(smoke_study, tmp_path, capsys):
-    assert main(["finetune", "--setting", "no_pretrain", "--task", "vqa", "--lr", "0.001", "--continue-trial",
-                 "--seed", "0", "--out", str(tmp_path / "out"), *study_args(smoke_study)]) == 2
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "vqa",
+                "--lr",
+                "0.001",
+                "--continue-trial",
+                "--seed",
+                "0",
+                "--out",
+                str(tmp_path / "out"),
+                *study_args(smoke_study),
+            ]
+        )
+        == 2
+    )
     assert "--continue-trial needs --lr-from with a sweep folder" in capsys.readouterr().err

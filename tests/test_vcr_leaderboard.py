@@ -45,22 +45,42 @@ def runs(tmp_path_factory):
         corner = rng.uniform(0, 48, (n, 2))
         boxes = np.concatenate([corner, corner + rng.uniform(8, 48, (n, 2))], 1).astype(np.float32)
         features = rng.normal(size=(n, FEATURE_DIM)).astype(np.float32)
-        results.append(SimpleNamespace(boxes=boxes, labels=np.zeros(n, np.int64), probs=np.zeros((n, 7), np.float32),
-                                       scores=np.ones(n, np.float32), features=features,
-                                       box_ids=np.arange(-1, n - 1), width=96, height=96))
+        results.append(
+            SimpleNamespace(
+                boxes=boxes,
+                labels=np.zeros(n, np.int64),
+                probs=np.zeros((n, 7), np.float32),
+                scores=np.ones(n, np.float32),
+                features=features,
+                box_ids=np.arange(-1, n - 1),
+                width=96,
+                height=96,
+            )
+        )
     shard = root / "shard.npz"
     write_shard(shard, keys, results, [])
-    merge_shards([shard], root / "features" / "vcr.test.gt.h5",
-                 {"dataset": "vcr", "split": "test", "mode": "gt", "feature_dim": FEATURE_DIM})
+    merge_shards(
+        [shard],
+        root / "features" / "vcr.test.gt.h5",
+        {"dataset": "vcr", "split": "test", "mode": "gt", "feature_dim": FEATURE_DIM},
+    )
 
     tokenizer = default_tokenizer_path()
     processor = load_processor(tokenizer, 40)
     runs = {}
     for seed, task_name in enumerate(("vcr_q2a", "vcr_qa2r")):
         torch.manual_seed(seed)
-        model = VLBertForVCR(VLBertConfig(vocab_size=len(processor.tokenizer), hidden_size=16, num_hidden_layers=1,
-                                          num_attention_heads=2, intermediate_size=32, visual_feature_dim=FEATURE_DIM))
-        for module in model.modules():   # BERT's N(0, 0.02) gives every choice about 0.25 whatever the input
+        model = VLBertForVCR(
+            VLBertConfig(
+                vocab_size=len(processor.tokenizer),
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+                visual_feature_dim=FEATURE_DIM,
+            )
+        )
+        for module in model.modules():  # BERT's N(0, 0.02) gives every choice about 0.25 whatever the input
             init_weights(module, std=0.5)
         run = root / task_name
         model.save_pretrained(run / "best")
@@ -69,14 +89,38 @@ def runs(tmp_path_factory):
         (run / "predictions_test.json").write_text(json.dumps(predictions))
         (run / "metrics.json").write_text(json.dumps({"setting": "no_pretrain", "task": task_name, "seed": 0}))
         runs[task_name] = run
-    return SimpleNamespace(root=root, data=root / "data", features=root / "features", tokenizer=tokenizer,
-                           q2a=runs["vcr_q2a"], qa2r=runs["vcr_qa2r"], examples=examples)
+    return SimpleNamespace(
+        root=root,
+        data=root / "data",
+        features=root / "features",
+        tokenizer=tokenizer,
+        q2a=runs["vcr_q2a"],
+        qa2r=runs["vcr_qa2r"],
+        examples=examples,
+    )
 
 
 def _leaderboard(runs, out, *extra):
-    return main(["vcr-leaderboard", "--config", str(PRESET), "--q2a", str(runs.q2a), "--qa2r", str(runs.qa2r),
-                 "--data", str(runs.data), "--features", str(runs.features), "--bert", str(runs.tokenizer),
-                 "--out", str(out), *extra])
+    return main(
+        [
+            "vcr-leaderboard",
+            "--config",
+            str(PRESET),
+            "--q2a",
+            str(runs.q2a),
+            "--qa2r",
+            str(runs.qa2r),
+            "--data",
+            str(runs.data),
+            "--features",
+            str(runs.features),
+            "--bert",
+            str(runs.tokenizer),
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_the_csv_holds_the_answer_scores_and_the_rationale_scores_after_each_answer(runs, tmp_path, capsys):
@@ -86,12 +130,15 @@ def test_the_csv_holds_the_answer_scores_and_the_rationale_scores_after_each_ans
     with open(out, newline="") as f:
         rows = list(csv.reader(f))
     # The columns of r2c's eval_for_leaderboard.py, one row per question in the split's order.
-    assert rows[0] == (["annot_id", "answer_0", "answer_1", "answer_2", "answer_3"]
-                       + [f"rationale_conditioned_on_a{i}_{j}" for i in range(4) for j in range(4)])
+    assert rows[0] == (
+        ["annot_id", "answer_0", "answer_1", "answer_2", "answer_3"]
+        + [f"rationale_conditioned_on_a{i}_{j}" for i in range(4) for j in range(4)]
+    )
     assert [r[0] for r in rows[1:]] == [e.annot_id for e in runs.examples]
     answers = {p["annot_id"]: p["answer_probs"] for p in json.loads((runs.q2a / "predictions_test.json").read_text())}
-    after_right = {p["annot_id"]: p["rationale_probs"]
-                   for p in json.loads((runs.qa2r / "predictions_test.json").read_text())}
+    after_right = {
+        p["annot_id"]: p["rationale_probs"] for p in json.loads((runs.qa2r / "predictions_test.json").read_text())
+    }
     differs = 0
     for row, e in zip(rows[1:], runs.examples):
         values = np.array(row[1:], dtype=np.float64)
@@ -101,15 +148,29 @@ def test_the_csv_holds_the_answer_scores_and_the_rationale_scores_after_each_ans
         np.testing.assert_allclose(after[e.answer_label], after_right[e.annot_id], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(after.sum(1), 1.0, rtol=1e-5)
         differs += not np.allclose(after, after[e.answer_label])
-    assert differs > len(runs.examples) // 2   # after another answer, other inputs and other scores
+    assert differs > len(runs.examples) // 2  # after another answer, other inputs and other scores
 
     # The CSV scored as the leaderboard scores it equals the project's JSON predictions' figures.
-    assert main(["evaluate", "vcr", "--annotations", str(runs.data / "vcr" / "test.jsonl"), "--predictions",
-                 str(runs.q2a / "predictions_test.json"), str(runs.qa2r / "predictions_test.json")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "vcr",
+                "--annotations",
+                str(runs.data / "vcr" / "test.jsonl"),
+                "--predictions",
+                str(runs.q2a / "predictions_test.json"),
+                str(runs.qa2r / "predictions_test.json"),
+            ]
+        )
+        == 0
+    )
     figures = capsys.readouterr().out.split("VCR accuracy: ")[1].strip()
     assert f"scored as the leaderboard scores it: {figures}" in printed
-    assert main(["evaluate", "vcr", "--annotations", str(runs.data / "vcr" / "test.jsonl"),
-                 "--predictions", str(out)]) == 0
+    assert (
+        main(["evaluate", "vcr", "--annotations", str(runs.data / "vcr" / "test.jsonl"), "--predictions", str(out)])
+        == 0
+    )
     assert f"VCR accuracy: {figures}" in capsys.readouterr().out
 
 
@@ -121,8 +182,10 @@ def test_a_q2a_run_without_every_question_is_refused(runs, tmp_path, capsys):
     (partial / "predictions_test.json").write_text(json.dumps(predictions[1:]))
     assert _leaderboard(SimpleNamespace(**{**vars(runs), "q2a": partial}), tmp_path / "out.csv") == 2
     err = capsys.readouterr().err
-    assert f"q2a/predictions_test.json: no prediction for 1 of the {len(runs.examples)} annot_ids " \
-           f"({runs.examples[0].annot_id!r})" in err
+    assert (
+        f"q2a/predictions_test.json: no prediction for 1 of the {len(runs.examples)} annot_ids "
+        f"({runs.examples[0].annot_id!r})" in err
+    )
     assert not (tmp_path / "out.csv").exists()
 
 

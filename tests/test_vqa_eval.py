@@ -6,20 +6,23 @@ from vlbert.data.errors import DataFormatError
 from vlbert.evaluation.vqa_eval import normalize_answer, process_punctuation, question_accuracy, vqa_accuracy
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("Two", "2"),                      # number words to digits, lower case
-    ("the red one", "red 1"),          # articles dropped
-    ("an apple", "apple"),
-    ("yes!", "yes"),                   # glued punctuation becomes a space, then collapses
-    ("dont", "don't"),                 # contractions restored
-    ("isnt it", "isn't it"),
-    ("3.5", "3.5"),                    # a decimal point stays
-    ("end.", "end"),                   # a full stop goes
-    ("1,000", "1000"),                 # a comma between digits goes
-    ("  black\tand\nwhite ", "black and white"),
-    ("t-shirt", "t shirt"),            # '-' between letters becomes a space
-    ("yes , sir", "yes sir"),          # spaced punctuation is removed outright
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("Two", "2"),  # number words to digits, lower case
+        ("the red one", "red 1"),  # articles dropped
+        ("an apple", "apple"),
+        ("yes!", "yes"),  # glued punctuation becomes a space, then collapses
+        ("dont", "don't"),  # contractions restored
+        ("isnt it", "isn't it"),
+        ("3.5", "3.5"),  # a decimal point stays
+        ("end.", "end"),  # a full stop goes
+        ("1,000", "1000"),  # a comma between digits goes
+        ("  black\tand\nwhite ", "black and white"),
+        ("t-shirt", "t shirt"),  # '-' between letters becomes a space
+        ("yes , sir", "yes sir"),  # spaced punctuation is removed outright
+    ],
+)
 def test_normalisation(raw, expected):
     assert normalize_answer(raw) == expected
 
@@ -33,7 +36,7 @@ def test_leave_one_out_average():
     humans = ["red"] * 7 + ["maroon"] * 2 + ["orange"]
     # Leaving out a red (7 of 10 subsets) leaves 2 maroons: 2/3; a maroon (2): 1/3; the orange: 2/3.
     assert question_accuracy("maroon", humans) == pytest.approx((7 * 2 / 3 + 2 * 1 / 3 + 2 / 3) / 10)
-    assert question_accuracy("red", humans) == 1.0          # always >= 3 other reds
+    assert question_accuracy("red", humans) == 1.0  # always >= 3 other reds
     assert question_accuracy("orange", humans) == pytest.approx(9 * (1 / 3) / 10)
     assert question_accuracy("blue", humans) == 0.0
 
@@ -52,17 +55,17 @@ OFFICIAL_CASES = [
     ("a purple!", ["purple"] * 10, 0.0),
     ("yes!", ["yes"] * 10, 0.0),
     ("large", ["large"] * 10, 100.0),
-    ("t-shirt", ["t-shirt"] * 10, 100.0),           # 2016: the prediction became "t shirt": 0
+    ("t-shirt", ["t-shirt"] * 10, 100.0),  # 2016: the prediction became "t shirt": 0
     # Newlines, tabs and surrounding spaces go always, and before the agreement is counted.
     (" large\n", ["large"] * 10, 100.0),
     ("Large", ["large"] * 9 + [" large "], 0.0),
     # They disagree: the prediction and every human answer are normalised alike.
-    ("2", ["two"] * 7 + ["2"] + ["3"] * 2, 100.0),   # 2016: the humans' "two" stayed: 30
-    ("yes", ["Yes"] * 8 + ["no"] * 2, 100.0),        # 2016: the humans' "Yes" stayed: 0
-    ("don't", ["dont"] * 7 + ["don't"] + ["no"] * 2, 100.0),   # contractions, on the humans' side too
-    ("the dog", ["dog"] * 5 + ["a dog"] * 5, 100.0),          # articles
-    ("none", ["0"] * 9 + ["1"], 100.0),                       # number words
-    ("1,000", ["1,000"] * 6 + ["1000"] * 4, 100.0),           # a comma between digits
+    ("2", ["two"] * 7 + ["2"] + ["3"] * 2, 100.0),  # 2016: the humans' "two" stayed: 30
+    ("yes", ["Yes"] * 8 + ["no"] * 2, 100.0),  # 2016: the humans' "Yes" stayed: 0
+    ("don't", ["dont"] * 7 + ["don't"] + ["no"] * 2, 100.0),  # contractions, on the humans' side too
+    ("the dog", ["dog"] * 5 + ["a dog"] * 5, 100.0),  # articles
+    ("none", ["0"] * 9 + ["1"], 100.0),  # number words
+    ("1,000", ["1,000"] * 6 + ["1000"] * 4, 100.0),  # a comma between digits
     ("T-Shirt", ["t-shirt"] * 9 + ["shirt"], 100.0),
     # The punctuation list has neither the apostrophe nor the colon.
     ("its red", ["it's red"] * 5 + ["red"] * 5, 0.0),
@@ -75,7 +78,7 @@ OFFICIAL_CASES = [
 def test_official_worked_cases(prediction, humans, official):
     records = [{"answer": a, "answer_confidence": "yes", "answer_id": n + 1} for n, a in enumerate(humans)]
     assert round(100 * question_accuracy(prediction, records), 2) == official
-    assert round(100 * question_accuracy(prediction, humans), 2) == official   # strings: one person each
+    assert round(100 * question_accuracy(prediction, humans), 2) == official  # strings: one person each
 
 
 def test_equal_answer_records_are_left_out_together():
@@ -86,8 +89,11 @@ def test_equal_answer_records_are_left_out_together():
 
 
 def _annotation(humans, answer_type, question_type):
-    return {"answers": [{"answer": a, "answer_id": n + 1} for n, a in enumerate(humans)],
-            "answer_type": answer_type, "question_type": question_type}
+    return {
+        "answers": [{"answer": a, "answer_id": n + 1} for n, a in enumerate(humans)],
+        "answer_type": answer_type,
+        "question_type": question_type,
+    }
 
 
 def test_overall_and_per_type():
@@ -107,8 +113,11 @@ def test_overall_and_per_type():
 
 def test_predictions_must_be_for_exactly_the_annotated_questions():
     annotations = {q: _annotation(["x"] * 10, "other", "q") for q in range(1, 10)}
-    with pytest.raises(ValueError, match=r"^no prediction for 7 of the 9 question_ids \(3, 4, 5, 6, 7, \.\.\.\); "
-                                         r"predictions for 2 question_ids that are not annotated \(10, 11\): "):
+    with pytest.raises(
+        ValueError,
+        match=r"^no prediction for 7 of the 9 question_ids \(3, 4, 5, 6, 7, \.\.\.\); "
+        r"predictions for 2 question_ids that are not annotated \(10, 11\): ",
+    ):
         vqa_accuracy(annotations, {1: "x", 2: "x", 10: "x", 11: "x"})
     with pytest.raises(DataFormatError, match=r"^pred\.json: no prediction for 1 of the 9 question_ids \(9\): "):
         vqa_accuracy(annotations, {q: "x" for q in range(1, 9)}, source="pred.json")

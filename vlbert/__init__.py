@@ -1,4 +1,5 @@
 """VL-BERT pre-training ablation study."""
+
 __version__ = "0.1.0"
 
 # The model classes on transformers' Auto classes: after `import vlbert`,

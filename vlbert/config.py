@@ -99,8 +99,9 @@ def dataset_root(config: dict, dataset: str) -> Path:
 def synthetic_spec(config: dict) -> dict:
     """What the synthetic world generator needs: the data.synthetic section plus the seed."""
     if config["data"]["source"] != "synthetic":
-        raise ConfigError(f"preset {config['name']!r} uses real data (data.source: real); "
-                          "make-data writes only the synthetic world")
+        raise ConfigError(
+            f"preset {config['name']!r} uses real data (data.source: real); make-data writes only the synthetic world"
+        )
     return {"seed": config["seed"], **config["data"]["synthetic"]}
 
 

@@ -58,8 +58,9 @@ def exclusive_folder(path: str | os.PathLike):
         lock.acquire()
     except Timeout:
         pid = holder.read_text().strip() if holder.is_file() else "unknown"
-        raise FolderInUseError(f"{path} is in use by another run (PID {pid}): wait for it to end, "
-                               "or give this one another output folder") from None
+        raise FolderInUseError(
+            f"{path} is in use by another run (PID {pid}): wait for it to end, or give this one another output folder"
+        ) from None
     try:
         holder.write_text(f"{os.getpid()}\n")
         yield path

@@ -21,9 +21,11 @@ class Tracker(Protocol):
     def start(self, continue_run: str | None = None) -> str | None:
         """Begin recording: into the earlier run `continue_run` where it can go on, so that a
         resumed training's history stays in one run, else into a new run; the run's id."""
+
     def abandon(self, run_id: str, why: str) -> None:
         """An earlier run that will never go on (its training was killed and is not resumed):
         ended as KILLED, saying why, unless it already ended."""
+
     def log_params(self, params: dict) -> None: ...
     def log_metrics(self, metrics: dict, step: int | None = None) -> None: ...
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
@@ -37,14 +39,25 @@ class NullTracker:
     run_id = None
 
     def start(self, continue_run=None):
-        return continue_run   # a resumed training still belongs to the run it was recorded in
+        return continue_run  # a resumed training still belongs to the run it was recorded in
 
-    def abandon(self, run_id, why): pass
-    def log_params(self, params): pass
-    def log_metrics(self, metrics, step=None): pass
-    def log_artifact(self, path, artifact_path=None): pass
-    def set_tags(self, tags): pass
-    def close(self, status="FINISHED"): pass
+    def abandon(self, run_id, why):
+        pass
+
+    def log_params(self, params):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        pass
+
+    def log_artifact(self, path, artifact_path=None):
+        pass
+
+    def set_tags(self, tags):
+        pass
+
+    def close(self, status="FINISHED"):
+        pass
 
 
 def default_tracking_uri(config: dict) -> str:
@@ -59,8 +72,12 @@ def default_tracking_uri(config: dict) -> str:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 
@@ -86,10 +103,17 @@ class MLflowTracker:
     training loop decides whether a resumed training continues its earlier run (`start`). Params
     and tags given before then wait for the run."""
 
-    ENDED_TAG = "vlbert.ended"   # why a run was ended from outside (KILLED by `abandon`)
+    ENDED_TAG = "vlbert.ended"  # why a run was ended from outside (KILLED by `abandon`)
 
-    def __init__(self, uri: str, experiment: str, run_name: str, tags: dict,
-                 parent_run_id: str | None = None, system_metrics: bool = True):
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        tags: dict,
+        parent_run_id: str | None = None,
+        system_metrics: bool = True,
+    ):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
@@ -104,8 +128,8 @@ class MLflowTracker:
         self.uri, self.run_name, self.system_metrics = uri, run_name, system_metrics
         self.run_tags = {k: str(v) for k, v in tags.items()}
         self._run_id = None
-        self._params, self._tags = {}, {}   # given before the run started
-        self._kept = set()                  # params the continued run holds already
+        self._params, self._tags = {}, {}  # given before the run started
+        self._kept = set()  # params the continued run holds already
         self._system = None
 
     @property
@@ -127,15 +151,19 @@ class MLflowTracker:
             self._tags = self.run_tags | self._tags
         else:
             if continue_run:
-                print(f"MLflow run {continue_run} cannot be continued (not in experiment {self.experiment_id} "
-                      f"of {self.uri}): recording into a new run")
-            self._run_id = self.client.create_run(self.experiment_id, run_name=self.run_name,
-                                                  tags=self.run_tags).info.run_id
+                print(
+                    f"MLflow run {continue_run} cannot be continued (not in experiment {self.experiment_id} "
+                    f"of {self.uri}): recording into a new run"
+                )
+            self._run_id = self.client.create_run(
+                self.experiment_id, run_name=self.run_name, tags=self.run_tags
+            ).info.run_id
         self._log_params(self._params)
         self.set_tags(self._tags)
         self._params, self._tags = {}, {}
         if self.system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
             # CPU, memory, disk, network (and GPU where there is one), every 10 s, as system/*.
             self._system = SystemMetricsMonitor(self._run_id, sampling_interval=10, tracking_uri=self.uri)
             self._system.start()
@@ -144,6 +172,7 @@ class MLflowTracker:
     def _continuable(self, run_id: str):
         """The run `run_id` if this store's experiment holds it, not deleted; else None."""
         from mlflow.exceptions import MlflowException
+
         try:
             run = self.client.get_run(run_id)
         except MlflowException:
@@ -167,16 +196,19 @@ class MLflowTracker:
 
     def _log_params(self, flat: dict) -> None:
         from mlflow.entities import Param
+
         items = [Param(k, str(v)[:6000]) for k, v in flat.items() if k not in self._kept]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self._run_id, params=items[start:start + 100])
+            self.client.log_batch(self._run_id, params=items[start : start + 100])
 
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
         import time
         from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[
-            Metric(k, float(v), now, step or 0) for k, v in _flatten(metrics).items()])
+        self.client.log_batch(
+            self.run_id, metrics=[Metric(k, float(v), now, step or 0) for k, v in _flatten(metrics).items()]
+        )
 
     def log_artifact(self, path, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -193,16 +225,18 @@ class MLflowTracker:
             self.client.set_tag(self._run_id, key, str(value))
 
     def close(self, status: str = "FINISHED") -> None:
-        run_id = self.run_id   # a command that failed before recording anything still leaves its run
+        run_id = self.run_id  # a command that failed before recording anything still leaves its run
         if self._system is not None:
             self._system.finish()
         self.client.set_terminated(run_id, status=status)
 
 
-def make_tracker(config: dict, run_name: str, tags: dict, enabled: bool = True,
-                 parent_run_id: str | None = None) -> Tracker:
+def make_tracker(
+    config: dict, run_name: str, tags: dict, enabled: bool = True, parent_run_id: str | None = None
+) -> Tracker:
     if not enabled or os.environ.get("VLBERT_NO_TRACKING") == "1":
         return NullTracker()
     experiment = (config.get("tracking") or {}).get("experiment") or f"vlbert-ablation-{config['name']}"
-    return MLflowTracker(default_tracking_uri(config), experiment, run_name,
-                         {"preset": config["name"], **tags}, parent_run_id)
+    return MLflowTracker(
+        default_tracking_uri(config), experiment, run_name, {"preset": config["name"], **tags}, parent_run_id
+    )

@@ -27,7 +27,9 @@ def read_coco(instances_path, image_root=None) -> COCO:
         if len(ann["bbox"]) != 4:
             raise DataFormatError(instances_path, "bbox must be [x, y, width, height]", key=f"annotations[{k}].bbox")
         if ann["image_id"] not in image_ids:
-            raise DataFormatError(instances_path, f"image_id {ann['image_id']} is not in images", key=f"annotations[{k}].image_id")
+            raise DataFormatError(
+                instances_path, f"image_id {ann['image_id']} is not in images", key=f"annotations[{k}].image_id"
+            )
     require_nonempty(data["images"], instances_path, "images")
     coco = COCO()
     coco.dataset = data

@@ -24,7 +24,9 @@ def read_captions(tsv_path, image_root=None, check_images: bool = False) -> list
             continue
         fields = line.split("\t")
         if len(fields) != 2:
-            raise DataFormatError(tsv_path, f"expected 2 tab-separated columns (caption, image), got {len(fields)}", line_no)
+            raise DataFormatError(
+                tsv_path, f"expected 2 tab-separated columns (caption, image), got {len(fields)}", line_no
+            )
         caption, image = fields[0].strip(), fields[1].strip()
         if not caption:
             raise DataFormatError(tsv_path, "empty caption", line_no)

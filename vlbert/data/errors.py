@@ -50,9 +50,9 @@ def require_same_ids(expected, found, id_name: str, path=None, shown: int = 5) -
     if not missing and not extra:
         return
     few = lambda ids: ", ".join(repr(i) for i in ids[:shown]) + (", ..." if len(ids) > shown else "")
-    parts = ([f"no prediction for {len(missing)} of the {len(expected_set)} {id_name}s ({few(missing)})"]
-             if missing else []) + ([f"predictions for {len(extra)} {id_name}s that are not annotated ({few(extra)})"]
-                                    if extra else [])
+    parts = (
+        [f"no prediction for {len(missing)} of the {len(expected_set)} {id_name}s ({few(missing)})"] if missing else []
+    ) + ([f"predictions for {len(extra)} {id_name}s that are not annotated ({few(extra)})"] if extra else [])
     problem = "; ".join(parts) + f": predictions must cover exactly the annotated {id_name}s"
     raise DataFormatError(path, problem) if path is not None else ValueError(problem)
 
@@ -63,8 +63,11 @@ def _decode(data: bytes, path, line: int | None = None) -> str:
     except UnicodeDecodeError as exc:
         start = data.rfind(b"\n", 0, exc.start) + 1
         line = line if line is not None else data.count(b"\n", 0, exc.start) + 1
-        raise DataFormatError(path, f"not UTF-8 text (byte 0x{data[exc.start]:02x} at column {exc.start - start + 1}): "
-                                    "save the file as UTF-8", line) from None
+        raise DataFormatError(
+            path,
+            f"not UTF-8 text (byte 0x{data[exc.start]:02x} at column {exc.start - start + 1}): save the file as UTF-8",
+            line,
+        ) from None
 
 
 def text_lines(path) -> Iterator[tuple[int, str]]:
@@ -89,6 +92,7 @@ def resolve_inside(root, relative, path, line: int | None = None, key: str | Non
         raise DataFormatError(path, f"expected a file path relative to the data root, got {relative!r}", line, key)
     parts = os.path.normpath(relative).split(os.sep)
     if os.path.isabs(relative) or parts[0] == "..":
-        raise DataFormatError(path, f"{relative} is outside the data root {root}: paths in a data file must stay "
-                                    "inside it", line, key)
+        raise DataFormatError(
+            path, f"{relative} is outside the data root {root}: paths in a data file must stay inside it", line, key
+        )
     return Path(root) / relative

@@ -30,15 +30,18 @@ ARRAYS = ("boxes", "labels", "probs", "scores", "features", "box_ids")
 
 def write_shard(path, keys: list[str], results, skipped: list[tuple[str, str]]) -> None:
     """One batch: its images' results (RoIResult-like) and the images skipped as unreadable."""
-    arrays = {name: np.concatenate([getattr(r, name) for r in results]) if results else np.zeros(0)
-              for name in ARRAYS}
+    arrays = {name: np.concatenate([getattr(r, name) for r in results]) if results else np.zeros(0) for name in ARRAYS}
     with io.atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, keys=np.array(keys, dtype=str),
-                     counts=np.array([len(r.boxes) for r in results], dtype=np.int64),
-                     width=np.array([r.width for r in results], dtype=np.int32),
-                     height=np.array([r.height for r in results], dtype=np.int32),
-                     skipped=np.array(["\t".join(s) for s in skipped], dtype=str), **arrays)
+            np.savez(
+                f,
+                keys=np.array(keys, dtype=str),
+                counts=np.array([len(r.boxes) for r in results], dtype=np.int64),
+                width=np.array([r.width for r in results], dtype=np.int32),
+                height=np.array([r.height for r in results], dtype=np.int32),
+                skipped=np.array(["\t".join(s) for s in skipped], dtype=str),
+                **arrays,
+            )
 
 
 def _parts_folder(out) -> Path:
@@ -78,7 +81,9 @@ def merge_shards(shards: list[Path], out, attrs: dict) -> dict:
             f.create_dataset("keys", data=np.array(keys, dtype=object), dtype=h5py.string_dtype())
             f.create_dataset("offsets", data=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
             for name in ("width", "height"):
-                f.create_dataset(name, data=np.concatenate([p[name] for p in loaded]) if loaded else np.zeros(0, np.int32))
+                f.create_dataset(
+                    name, data=np.concatenate([p[name] for p in loaded]) if loaded else np.zeros(0, np.int32)
+                )
             for name in ARRAYS:
                 if loaded:
                     f.create_dataset(name, data=np.concatenate([p[name] for p in loaded]))
@@ -125,21 +130,28 @@ class FeatureStore:
             self._file = None
 
     def _unreadable(self, exc: OSError) -> DataFormatError:
-        return DataFormatError(self.path, f"not a readable feature store: empty, truncated or corrupt ({exc}); "
-                                          "delete it and run `vlbert extract-rois` again")
+        return DataFormatError(
+            self.path,
+            f"not a readable feature store: empty, truncated or corrupt ({exc}); "
+            "delete it and run `vlbert extract-rois` again",
+        )
 
     def _read(self, preload: bool) -> None:
         for name in ("keys", "offsets", "width", "height"):
             if name not in self._file:
-                raise DataFormatError(self.path, f"no {name!r} dataset: not a feature store written by "
-                                                 "`vlbert extract-rois`")
+                raise DataFormatError(
+                    self.path, f"no {name!r} dataset: not a feature store written by `vlbert extract-rois`"
+                )
         keys = [k.decode() if isinstance(k, bytes) else k for k in self._file["keys"][()]]
         offsets = self._file["offsets"][()]
         attrs = {k: v for k, v in self._file.attrs.items()}
         rows = {name: len(self._file[name]) for name in ARRAYS if name in self._file}
         if len(offsets) != len(keys) + 1 or any(n != offsets[-1] for n in rows.values()):
-            raise DataFormatError(self.path, f"{len(keys)} images, {len(offsets)} offsets and {rows} rows do not "
-                                             "fit together: the store is corrupt")
+            raise DataFormatError(
+                self.path,
+                f"{len(keys)} images, {len(offsets)} offsets and {rows} rows do not "
+                "fit together: the store is corrupt",
+            )
         data = {name: self._file[name][()] for name in ("width", "height", *rows)} if preload else self._file
         self.keys, self._offsets, self.attrs, self._data = keys, offsets, attrs, data
         self._index = {k: i for i, k in enumerate(keys)}
@@ -147,10 +159,14 @@ class FeatureStore:
     def _check(self, expect: dict) -> None:
         def describe(values):
             return ", ".join(f"{key} {value!r}" for key, value in values.items())
+
         for key in expect:
             if key not in self.attrs:
-                raise DataFormatError(self.path, f"no {key!r} attribute: not a store written by `vlbert extract-rois`"
-                                                 f" (expected a store of {describe(expect)})")
+                raise DataFormatError(
+                    self.path,
+                    f"no {key!r} attribute: not a store written by `vlbert extract-rois`"
+                    f" (expected a store of {describe(expect)})",
+                )
         found = {key: str(plain_attr(self.attrs[key])) for key in expect}
         if found != {key: str(value) for key, value in expect.items()}:
             raise DataFormatError(self.path, f"a store of {describe(found)}, but {describe(expect)} is expected here")

@@ -24,7 +24,8 @@ class _PlainDataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         raise UnsafePickleError(
             f"refusing to load {module}.{name}: this file should hold only plain lists, dicts "
-            "and scalars, and a pickle that names a class or function could run code")
+            "and scalars, and a pickle that names a class or function could run code"
+        )
 
 
 def load_plain_pickle(path) -> object:
@@ -38,5 +39,6 @@ def load_plain_pickle(path) -> object:
     except UnsafePickleError as exc:
         raise UnsafePickleError(f"{path}: {exc}") from None
     except Exception as exc:  # a truncated or corrupt pickle can fail in many ways, none naming the file
-        raise DataFormatError(path, f"not a readable pickle, truncated or corrupt ({type(exc).__name__}: {exc}); "
-                                    "download it again") from None
+        raise DataFormatError(
+            path, f"not a readable pickle, truncated or corrupt ({type(exc).__name__}: {exc}); download it again"
+        ) from None

@@ -12,7 +12,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DataFormatError, read_text, require_file, require_keys, require_nonempty, resolve_inside, text_lines
+from .errors import (
+    DataFormatError,
+    read_text,
+    require_file,
+    require_keys,
+    require_nonempty,
+    resolve_inside,
+    text_lines,
+)
 
 Tokens = list  # a VCR token list: words (str) and object references (lists of object indices)
 OBJECT_NAMES = "object_names.json"
@@ -29,13 +37,13 @@ class VCRExample:
     rationale_choices: list[Tokens]
     image_path: Path
     metadata_path: Path
-    answer_label: int | None      # None on the real test split, which ships without labels
+    answer_label: int | None  # None on the real test split, which ships without labels
     rationale_label: int | None
 
 
 @dataclass(frozen=True)
 class VCRMetadata:
-    boxes: list[list[float]]      # x1, y1, x2, y2, score
+    boxes: list[list[float]]  # x1, y1, x2, y2, score
     names: list[str]
     width: int
     height: int
@@ -48,10 +56,14 @@ def _check_tokens(tokens, n_objects: int, path, line: int, key: str) -> None:
         if isinstance(token, str):
             continue
         if not (isinstance(token, list) and token and all(isinstance(i, int) for i in token)):
-            raise DataFormatError(path, f"token {t} is neither a word nor a list of object indices: {token!r}", line, key)
+            raise DataFormatError(
+                path, f"token {t} is neither a word nor a list of object indices: {token!r}", line, key
+            )
         bad = [i for i in token if not 0 <= i < n_objects]
         if bad:
-            raise DataFormatError(path, f"token {t} refers to object {bad[0]}, but there are {n_objects} objects", line, key)
+            raise DataFormatError(
+                path, f"token {t} refers to object {bad[0]}, but there are {n_objects} objects", line, key
+            )
 
 
 def read_object_names(folder) -> dict[str, str]:
@@ -69,7 +81,9 @@ def read_object_names(folder) -> dict[str, str]:
     coco_to_own = {coco: own for own, coco in names.items()}
     if len(coco_to_own) != len(names):
         shared = next(c for c in coco_to_own if list(names.values()).count(c) > 1)
-        raise DataFormatError(path, f"two names are written as {shared!r}: the reader could not tell them apart", key=shared)
+        raise DataFormatError(
+            path, f"two names are written as {shared!r}: the reader could not tell them apart", key=shared
+        )
     return coco_to_own
 
 
@@ -111,12 +125,21 @@ def read_vcr(jsonl_path, image_root=None) -> list[VCRExample]:
             if label is not None and label not in (0, 1, 2, 3):
                 raise DataFormatError(jsonl_path, f"label must be 0..3, got {label!r}", line_no, field)
             labels.append(label)
-        image, metadata = (resolve_inside(root, record[field], jsonl_path, line_no, field)
-                           for field in ("img_fn", "metadata_fn"))
-        examples.append(VCRExample(
-            record["annot_id"], _own_names(record["objects"], names, jsonl_path, line_no, "objects"),
-            record["question"], record["answer_choices"],
-            record["rationale_choices"], image, metadata, *labels))
+        image, metadata = (
+            resolve_inside(root, record[field], jsonl_path, line_no, field) for field in ("img_fn", "metadata_fn")
+        )
+        examples.append(
+            VCRExample(
+                record["annot_id"],
+                _own_names(record["objects"], names, jsonl_path, line_no, "objects"),
+                record["question"],
+                record["answer_choices"],
+                record["rationale_choices"],
+                image,
+                metadata,
+                *labels,
+            )
+        )
     return require_nonempty(examples, jsonl_path, "VCR questions")
 
 

@@ -6,13 +6,20 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DataFormatError, read_text, require_file, require_keys, require_nonempty, resolve_inside, text_lines
+from .errors import (
+    DataFormatError,
+    read_text,
+    require_file,
+    require_keys,
+    require_nonempty,
+    resolve_inside,
+    text_lines,
+)
 
 ANSWERS_PER_QUESTION = 10  # VQA v2 asked ten people each question; the accuracy is over them
 
 # Image folders of the COCO splits that VQA v2's question files point into.
-IMAGE_FOLDER = {"train2014": "train2014", "val2014": "val2014", "test2015": "test2015",
-                "test-dev2015": "test2015"}
+IMAGE_FOLDER = {"train2014": "train2014", "val2014": "val2014", "test2015": "test2015", "test-dev2015": "test2015"}
 
 
 @dataclass(frozen=True)
@@ -21,7 +28,7 @@ class VQAExample:
     image_id: int
     question: str
     image_path: Path
-    answers: tuple[str, ...] = ()           # the 10 human answers; empty for unlabelled splits
+    answers: tuple[str, ...] = ()  # the 10 human answers; empty for unlabelled splits
     multiple_choice_answer: str | None = None
     answer_type: str | None = None
     question_type: str | None = None
@@ -56,13 +63,21 @@ def read_annotations(path) -> dict[int, dict]:
     by_question = {}
     for k, ann in enumerate(data["annotations"]):
         prefix = f"annotations[{k}]."
-        require_keys(ann, ["question_id", "image_id", "answers", "answer_type", "question_type",
-                           "multiple_choice_answer"], path, prefix=prefix)
+        require_keys(
+            ann,
+            ["question_id", "image_id", "answers", "answer_type", "question_type", "multiple_choice_answer"],
+            path,
+            prefix=prefix,
+        )
         answers = ann["answers"]
         if not isinstance(answers, list) or len(answers) != ANSWERS_PER_QUESTION:
             count = len(answers) if isinstance(answers, list) else type(answers).__name__
-            raise DataFormatError(path, f"question_id {ann['question_id']} has {count} answers, VQA v2 has "
-                                        f"{ANSWERS_PER_QUESTION} per question", key=f"{prefix}answers")
+            raise DataFormatError(
+                path,
+                f"question_id {ann['question_id']} has {count} answers, VQA v2 has "
+                f"{ANSWERS_PER_QUESTION} per question",
+                key=f"{prefix}answers",
+            )
         for n, answer in enumerate(answers):
             require_keys(answer, ["answer"], path, prefix=f"{prefix}answers[{n}].")
         by_question[ann["question_id"]] = ann
@@ -86,8 +101,11 @@ def read_vqa(questions_path, annotations_path=None, image_root=None) -> list[VQA
     for k, q in enumerate(data["questions"]):
         require_keys(q, ["question_id", "image_id", "question"], questions_path, prefix=f"questions[{k}].")
         if not isinstance(q["image_id"], int) or isinstance(q["image_id"], bool):
-            raise DataFormatError(questions_path, f"expected an integer COCO image id, got {q['image_id']!r}",
-                                  key=f"questions[{k}].image_id")
+            raise DataFormatError(
+                questions_path,
+                f"expected an integer COCO image id, got {q['image_id']!r}",
+                key=f"questions[{k}].image_id",
+            )
         image_path = images / f"COCO_{folder}_{q['image_id']:012d}.jpg"
         ann = annotations.get(q["question_id"])
         if annotations_path and ann is None:
@@ -95,9 +113,16 @@ def read_vqa(questions_path, annotations_path=None, image_root=None) -> list[VQA
         if ann is None:
             examples.append(VQAExample(q["question_id"], q["image_id"], q["question"], image_path))
             continue
-        examples.append(VQAExample(
-            q["question_id"], q["image_id"], q["question"], image_path,
-            answers=tuple(a["answer"] for a in ann["answers"]),
-            multiple_choice_answer=ann["multiple_choice_answer"],
-            answer_type=ann["answer_type"], question_type=ann["question_type"]))
+        examples.append(
+            VQAExample(
+                q["question_id"],
+                q["image_id"],
+                q["question"],
+                image_path,
+                answers=tuple(a["answer"] for a in ann["answers"]),
+                multiple_choice_answer=ann["multiple_choice_answer"],
+                answer_type=ann["answer_type"],
+                question_type=ann["question_type"],
+            )
+        )
     return require_nonempty(examples, questions_path, "questions")

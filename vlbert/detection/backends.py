@@ -19,14 +19,15 @@ from .rules import BoxRule, select_boxes
 @dataclass
 class RoIResult:
     """One image's regions. Row 0 is always the whole image; rows 1.. are the regions."""
-    boxes: np.ndarray      # [n+1, 4] float32, x1 y1 x2 y2 in original pixels
-    labels: np.ndarray     # [n+1] int64, detector class id (0 for the whole-image row)
-    probs: np.ndarray      # [n+1, C+1] float32, class probabilities, column 0 background
-    scores: np.ndarray     # [n+1] float32, confidence (1.0 for the whole-image row)
-    features: np.ndarray   # [n+1, D] float32, pooled RoI features
+
+    boxes: np.ndarray  # [n+1, 4] float32, x1 y1 x2 y2 in original pixels
+    labels: np.ndarray  # [n+1] int64, detector class id (0 for the whole-image row)
+    probs: np.ndarray  # [n+1, C+1] float32, class probabilities, column 0 background
+    scores: np.ndarray  # [n+1] float32, confidence (1.0 for the whole-image row)
+    features: np.ndarray  # [n+1, D] float32, pooled RoI features
     width: int
     height: int
-    box_ids: np.ndarray | None = None   # [n+1] int64: what each given box is (-1: whole image, detected)
+    box_ids: np.ndarray | None = None  # [n+1] int64: what each given box is (-1: whole image, detected)
 
 
 class RoIBackend(Protocol):
@@ -43,9 +44,15 @@ def _result(boxes, probs, features, width, height, scores=None) -> RoIResult:
     if scores is None:
         scores = probs[:, 1:].max(1).values
     labels[0], scores[0] = 0, 1.0
-    return RoIResult(boxes.numpy().astype(np.float32), labels.numpy().astype(np.int64),
-                     probs.numpy().astype(np.float32), scores.numpy().astype(np.float32),
-                     features.numpy().astype(np.float32), int(width), int(height))
+    return RoIResult(
+        boxes.numpy().astype(np.float32),
+        labels.numpy().astype(np.int64),
+        probs.numpy().astype(np.float32),
+        scores.numpy().astype(np.float32),
+        features.numpy().astype(np.float32),
+        int(width),
+        int(height),
+    )
 
 
 class _RegionBackend:
@@ -76,15 +83,20 @@ def score_regions(model, images: list[torch.Tensor], boxes: list[np.ndarray | No
     where the regions are the whole image, then the given boxes or all RPN proposals."""
     image_list, _ = model.transform([i.to(device) for i in images])
     features = model.backbone(image_list.tensors)
-    scales = [torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=device)
-              for r, i in zip(image_list.image_sizes, images)]
+    scales = [
+        torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=device)
+        for r, i in zip(image_list.image_sizes, images)
+    ]
     if any(b is None for b in boxes):
         proposals, _ = model.rpn(image_list, features)
     regions = []
     for k, (given, scale, (h, w)) in enumerate(zip(boxes, scales, image_list.image_sizes)):
         whole = torch.tensor([[0.0, 0.0, float(w), float(h)]], device=device)
-        rest = proposals[k] if given is None else torch.as_tensor(given, dtype=torch.float32,
-                                                                  device=device).reshape(-1, 4) * scale
+        rest = (
+            proposals[k]
+            if given is None
+            else torch.as_tensor(given, dtype=torch.float32, device=device).reshape(-1, 4) * scale
+        )
         regions.append(torch.cat([whole, rest]))
     pooled = model.roi_heads.box_roi_pool(features, regions, image_list.image_sizes)
     region_features = model.roi_heads.box_head(pooled)
@@ -112,7 +124,8 @@ DETECTRON2_MISSING = (
     "the detectron2 backend needs the `detectron2` package, which is not importable here. It is "
     "not on PyPI: build it from source as its installation guide says (`pip install "
     "--no-build-isolation <detectron2 source checkout>`, with a torch that matches), or use "
-    "`detector: {backend: torchvision}` in the preset.")
+    "`detector: {backend: torchvision}` in the preset."
+)
 
 
 class Detectron2Backend(_RegionBackend):
@@ -143,8 +156,9 @@ class Detectron2Backend(_RegionBackend):
 
         model = self.model
         # detectron2 takes 0-255 BGR images in `image`.
-        inputs = [{"image": (i.flip(0) * 255).to(self.device), "height": i.shape[1], "width": i.shape[2]}
-                  for i in images]
+        inputs = [
+            {"image": (i.flip(0) * 255).to(self.device), "height": i.shape[1], "width": i.shape[2]} for i in images
+        ]
         batch = model.preprocess_image(inputs)
         features = model.backbone(batch.tensor)
         scales = [batch.image_sizes[k][1] / images[k].shape[2] for k in range(len(images))]
@@ -154,8 +168,11 @@ class Detectron2Backend(_RegionBackend):
         for k, given in enumerate(boxes):
             h, w = batch.image_sizes[k]
             whole = torch.tensor([[0.0, 0.0, float(w), float(h)]], device=self.device)
-            rest = (proposals[k].proposal_boxes.tensor if given is None else
-                    torch.as_tensor(given, dtype=torch.float32, device=self.device).reshape(-1, 4) * scales[k])
+            rest = (
+                proposals[k].proposal_boxes.tensor
+                if given is None
+                else torch.as_tensor(given, dtype=torch.float32, device=self.device).reshape(-1, 4) * scales[k]
+            )
             regions.append(torch.cat([whole, rest]))
         heads = model.roi_heads
         pooled = heads._shared_roi_transform([features[f] for f in heads.in_features], [Boxes(r) for r in regions])
@@ -175,13 +192,15 @@ class Detectron2Backend(_RegionBackend):
 def build_backend(config: dict, detector_dir=None, device: str = "cpu") -> RoIBackend:
     """The backend the preset names, with the preset's box rule."""
     options = config.get("detector", {})
-    rule = BoxRule(**{k: v for k, v in config.get("features", {}).items()
-                      if k in ("score_threshold", "min_boxes", "max_boxes")})
+    rule = BoxRule(
+        **{k: v for k, v in config.get("features", {}).items() if k in ("score_threshold", "min_boxes", "max_boxes")}
+    )
     if options.get("backend", "torchvision") == "detectron2":
         d2 = options["detectron2"]
         return Detectron2Backend(d2["config"], d2["weights"], rule, device)
     if detector_dir is None:
         raise ValueError("the torchvision backend needs --detector (the folder `vlbert train-detector` wrote)")
     from .model import load_detector
+
     model, det_config = load_detector(detector_dir, device)
     return TorchvisionBackend(model, det_config, rule, device)

@@ -47,22 +47,41 @@ def _fingerprint(items: list[ImageItem], batch_size: int, attrs: dict) -> str:
     return digest.hexdigest()
 
 
-def extract_to_store(backend, items: list[ImageItem], out, batch_size: int = 16,
-                     on_bad_image: str = "error", attrs: dict | None = None, progress: bool = True) -> dict:
+def extract_to_store(
+    backend,
+    items: list[ImageItem],
+    out,
+    batch_size: int = 16,
+    on_bad_image: str = "error",
+    attrs: dict | None = None,
+    progress: bool = True,
+) -> dict:
     """Extract every item into the HDF5 file `out`; returns {images, regions, skipped}."""
     if on_bad_image not in ON_BAD_IMAGE:
         raise ValueError(f"on_bad_image must be one of {ON_BAD_IMAGE}, got {on_bad_image!r}")
     if not items:
         raise ValueError(f"{out}: no images to extract")
     out = Path(out)
-    attrs = {"mode": "gt" if items[0].boxes is not None else "detected", "whole_image_row": 0,
-             "feature_dim": backend.feature_dim, "class_names": backend.class_names, **(attrs or {})}
-    batches = [items[k:k + batch_size] for k in range(0, len(items), batch_size)]
+    attrs = {
+        "mode": "gt" if items[0].boxes is not None else "detected",
+        "whole_image_row": 0,
+        "feature_dim": backend.feature_dim,
+        "class_names": backend.class_names,
+        **(attrs or {}),
+    }
+    batches = [items[k : k + batch_size] for k in range(0, len(items), batch_size)]
     shards = shard_paths(out, _fingerprint(items, batch_size, attrs), len(batches))
     todo = [k for k, shard in enumerate(shards) if not shard.exists()]
-    with ThreadPoolExecutor(max_workers=1) as loader, \
-            tqdm(total=len(items), initial=len(items) - sum(len(batches[k]) for k in todo),
-                 desc=f"extract {out.name}", unit="img", disable=not progress) as bar:
+    with (
+        ThreadPoolExecutor(max_workers=1) as loader,
+        tqdm(
+            total=len(items),
+            initial=len(items) - sum(len(batches[k]) for k in todo),
+            desc=f"extract {out.name}",
+            unit="img",
+            disable=not progress,
+        ) as bar,
+    ):
         pending = loader.submit(_load_batch, batches[todo[0]], on_bad_image) if todo else None
         for position, k in enumerate(todo):
             images, kept, skipped = pending.result()

@@ -32,14 +32,14 @@ CONFIG_FILE = "detector_config.json"
 
 @dataclass
 class DetectorConfig:
-    class_names: list[str]                       # without the background class
-    image_size: int = 96                         # images are resized to this (shorter side)
+    class_names: list[str]  # without the background class
+    image_size: int = 96  # images are resized to this (shorter side)
     widths: tuple[int, ...] = (16, 32, 64, 128)  # stem/C2, C3, C4, C5 channels
-    blocks: tuple[int, ...] = (1, 1, 2, 1)       # residual blocks per stage
-    c4_stride: int = 16                          # 16: ResNet's stem max-pool; 8: without it
+    blocks: tuple[int, ...] = (1, 1, 2, 1)  # residual blocks per stage
+    c4_stride: int = 16  # 16: ResNet's stem max-pool; 8: without it
     anchor_sizes: tuple[int, ...] = (8, 16, 32, 64)
     aspect_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
-    roi_size: int = 8                            # RoIAlign output; C5 halves it
+    roi_size: int = 8  # RoIAlign output; C5 halves it
     rpn_pre_nms_top_n: int = 600
     rpn_post_nms_top_n_train: int = 200
     rpn_post_nms_top_n_test: int = 100
@@ -69,8 +69,7 @@ class DetectorConfig:
 def _stage(in_channels: int, channels: int, blocks: int, stride: int) -> nn.Sequential:
     downsample = None
     if stride != 1 or in_channels != channels:
-        downsample = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride, bias=False),
-                                   nn.BatchNorm2d(channels))
+        downsample = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride, bias=False), nn.BatchNorm2d(channels))
     layers = [BasicBlock(in_channels, channels, stride, downsample)]
     layers += [BasicBlock(channels, channels) for _ in range(blocks - 1)]
     return nn.Sequential(*layers)
@@ -88,7 +87,8 @@ class C4Backbone(nn.Module):
             raise ValueError(f"detector c4_stride must be 8 or 16, got {config.c4_stride}")
         pool = [nn.MaxPool2d(3, 2, 1)] if config.c4_stride == 16 else []
         self.stem = nn.Sequential(
-            nn.Conv2d(3, w[0], 7, 2, 3, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU(inplace=True), *pool)
+            nn.Conv2d(3, w[0], 7, 2, 3, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU(inplace=True), *pool
+        )
         self.layer1 = _stage(w[0], w[0], b[0], 1)
         self.layer2 = _stage(w[0], w[1], b[1], 2)
         self.layer3 = _stage(w[1], w[2], b[2], 2)
@@ -115,9 +115,11 @@ def build_faster_rcnn(config: DetectorConfig) -> FasterRCNN:
     return FasterRCNN(
         C4Backbone(config),
         num_classes=None,
-        min_size=config.image_size, max_size=config.image_size,
+        min_size=config.image_size,
+        max_size=config.image_size,
         rpn_anchor_generator=anchors,
-        rpn_pre_nms_top_n_train=config.rpn_pre_nms_top_n, rpn_pre_nms_top_n_test=config.rpn_pre_nms_top_n,
+        rpn_pre_nms_top_n_train=config.rpn_pre_nms_top_n,
+        rpn_pre_nms_top_n_test=config.rpn_pre_nms_top_n,
         rpn_post_nms_top_n_train=config.rpn_post_nms_top_n_train,
         rpn_post_nms_top_n_test=config.rpn_post_nms_top_n_test,
         rpn_batch_size_per_image=config.rpn_batch_size_per_image,
@@ -125,7 +127,8 @@ def build_faster_rcnn(config: DetectorConfig) -> FasterRCNN:
         box_head=C5Head(config),
         box_predictor=FastRCNNPredictor(config.feature_dim, config.num_classes),
         box_batch_size_per_image=config.box_batch_size_per_image,
-        box_score_thresh=0.05, box_detections_per_img=100,
+        box_score_thresh=0.05,
+        box_detections_per_img=100,
     )
 
 

@@ -15,7 +15,7 @@ SPLITS = {
     "conceptual_captions": ("train", "val"),
     "vqa": ("train2014", "val2014", "test-dev2015"),
     "vcr": ("train", "val", "test"),
-    "refcoco+": ("all",),   # RefCOCO+ splits share one image set
+    "refcoco+": ("all",),  # RefCOCO+ splits share one image set
     "detector": ("train2017", "val2017"),
 }
 GT_BOX_DATASETS = ("vcr", "refcoco+")
@@ -25,8 +25,8 @@ GT_BOX_DATASETS = ("vcr", "refcoco+")
 class ImageItem:
     key: str
     path: Path
-    boxes: np.ndarray | None = None    # [n, 4] x1 y1 x2 y2, ground-truth mode only
-    box_ids: tuple = ()                # what each given box is (VCR object index, RefCOCO+ ann_id)
+    boxes: np.ndarray | None = None  # [n, 4] x1 y1 x2 y2, ground-truth mode only
+    box_ids: tuple = ()  # what each given box is (VCR object index, RefCOCO+ ann_id)
 
 
 def _unique(items: list[ImageItem]) -> list[ImageItem]:
@@ -46,14 +46,25 @@ def image_items(root, dataset: str, split: str, gt_boxes: bool = False) -> list[
         raise ValueError(f"ground-truth boxes exist only for {GT_BOX_DATASETS}, not {dataset!r}")
     if dataset == "conceptual_captions":
         from ..data.conceptual_captions import read_captions
-        return _unique([ImageItem(str(c.image_path.relative_to(root)), c.image_path)
-                        for c in read_captions(root / f"{split}.tsv")])
+
+        return _unique(
+            [
+                ImageItem(str(c.image_path.relative_to(root)), c.image_path)
+                for c in read_captions(root / f"{split}.tsv")
+            ]
+        )
     if dataset == "vqa":
         from ..data.vqa import read_vqa
-        return _unique([ImageItem(str(e.image_id), e.image_path)
-                        for e in read_vqa(root / f"v2_OpenEnded_mscoco_{split}_questions.json")])
+
+        return _unique(
+            [
+                ImageItem(str(e.image_id), e.image_path)
+                for e in read_vqa(root / f"v2_OpenEnded_mscoco_{split}_questions.json")
+            ]
+        )
     if dataset == "vcr":
         from ..data.vcr import read_metadata, read_vcr
+
         items = []
         for e in read_vcr(root / f"{split}.jsonl"):
             boxes = None
@@ -65,19 +76,26 @@ def image_items(root, dataset: str, split: str, gt_boxes: bool = False) -> list[
         return _unique(items)
     if dataset == "refcoco+":
         from ..data.refcoco import RefCOCO
+
         coco = RefCOCO(root).coco
         items = []
         for image_id in sorted(coco.imgs):
             boxes, ids = None, ()
             if gt_boxes:
                 anns = sorted(coco.imgToAnns[image_id], key=lambda a: a["id"])
-                boxes = np.array([[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]]
-                                  for a in anns], dtype=np.float32).reshape(-1, 4)
+                boxes = np.array(
+                    [
+                        [a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]]
+                        for a in anns
+                    ],
+                    dtype=np.float32,
+                ).reshape(-1, 4)
                 ids = tuple(a["id"] for a in anns)
             items.append(ImageItem(str(image_id), coco.image_root / coco.imgs[image_id]["file_name"], boxes, ids))
         return items
     if dataset == "detector":
         from ..data.coco import read_coco
+
         coco = read_coco(root / "annotations" / f"instances_{split}.json", root / split)
         return [ImageItem(str(i), coco.image_root / coco.imgs[i]["file_name"]) for i in sorted(coco.imgs)]
     raise ValueError(f"unknown data set {dataset!r}; expected one of {tuple(SPLITS)}")

@@ -46,8 +46,10 @@ class CocoDetection(Dataset):
         image_id = self.ids[index]
         image = load_image(self.coco.image_root / self.coco.imgs[image_id]["file_name"])
         anns = self.coco.imgToAnns[image_id]
-        boxes = torch.tensor([[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2],
-                               a["bbox"][1] + a["bbox"][3]] for a in anns], dtype=torch.float32).reshape(-1, 4)
+        boxes = torch.tensor(
+            [[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]] for a in anns],
+            dtype=torch.float32,
+        ).reshape(-1, 4)
         labels = torch.tensor([a["category_id"] for a in anns], dtype=torch.int64)
         # Flip decided per (epoch-seeded) worker RNG: deterministic for a fixed seed.
         if self.flip and torch.rand(()) < 0.5:
@@ -71,8 +73,14 @@ def evaluate_coco(model, coco, batch_size: int = 16, device: str = "cpu") -> dic
         outputs = model([i.to(device) for i in images])
         for target, out in zip(targets, outputs):
             for box, label, score in zip(out["boxes"].tolist(), out["labels"].tolist(), out["scores"].tolist()):
-                results.append({"image_id": target["image_id"], "category_id": label, "score": score,
-                                "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
+                results.append(
+                    {
+                        "image_id": target["image_id"],
+                        "category_id": label,
+                        "score": score,
+                        "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]],
+                    }
+                )
     if not results:
         return {"mAP": 0.0, "mAP50": 0.0}
     with contextlib.redirect_stdout(_io.StringIO()):
@@ -84,7 +92,7 @@ def evaluate_coco(model, coco, batch_size: int = 16, device: str = "cpu") -> dic
 
 
 # COCO's area ranges (pixels squared), the size groups when annotations carry no `size` of their own.
-COCO_AREA_RANGES = (("small", 32 ** 2), ("medium", 96 ** 2), ("large", math.inf))
+COCO_AREA_RANGES = (("small", 32**2), ("medium", 96**2), ("large", math.inf))
 SIZE_ORDER = ("small", "medium", "large")
 
 
@@ -102,13 +110,15 @@ def predict_ground_truth_labels(model, coco, device: str = "cpu", batch_size: in
     ids = sorted(coco.imgs)
     predicted = {}
     for start in range(0, len(ids), batch_size):
-        batch = [i for i in ids[start:start + batch_size] if coco.imgToAnns[i]]
+        batch = [i for i in ids[start : start + batch_size] if coco.imgToAnns[i]]
         if not batch:
             continue
         images = [load_image(coco.image_root / coco.imgs[i]["file_name"]) for i in batch]
         anns = [coco.imgToAnns[i] for i in batch]
-        boxes = [np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in image_anns)], dtype=np.float32)
-                 for image_anns in anns]
+        boxes = [
+            np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in image_anns)], dtype=np.float32)
+            for image_anns in anns
+        ]
         # Row 0 is the whole image; the best foreground class names a box, as the feature stores label it.
         for image_anns, (_, probs, _) in zip(anns, score_regions(model, images, boxes, device)):
             predicted.update({a["id"]: int(k) + 1 for a, k in zip(image_anns, probs[1:, 1:].argmax(1))})
@@ -144,9 +154,14 @@ def score_ground_truth_labels(coco, predicted: dict[int, int]) -> dict:
 
     def shares(counts):
         return {"boxes": counts["boxes"], **{k: counts[k] / counts["boxes"] for k in checks}}
-    groups = sorted(set(hits) - {"all"}, key=lambda g: (SIZE_ORDER.index(g) if g in SIZE_ORDER else len(SIZE_ORDER), g))
-    return {"by_size": {g: shares(hits[g]) for g in groups},
-            "all": shares(hits["all"]) if "all" in hits else {"boxes": 0}}
+
+    groups = sorted(
+        set(hits) - {"all"}, key=lambda g: (SIZE_ORDER.index(g) if g in SIZE_ORDER else len(SIZE_ORDER), g)
+    )
+    return {
+        "by_size": {g: shares(hits[g]) for g in groups},
+        "all": shares(hits["all"]) if "all" in hits else {"boxes": 0},
+    }
 
 
 def ground_truth_accuracy(model, coco, device: str = "cpu", batch_size: int = 16) -> dict:
@@ -159,8 +174,10 @@ def ground_truth_accuracy(model, coco, device: str = "cpu", batch_size: int = 16
 def format_ground_truth_accuracy(accuracy: dict) -> str:
     """One line: each size group's box count and shares in percent."""
     rows = [*accuracy["by_size"].items(), ("all", accuracy["all"])]
-    return "  ".join(f"{group} ({counts['boxes']}): " + " ".join(f"{k} {100 * v:.1f}%" for k, v in counts.items()
-                                                                if k != "boxes") for group, counts in rows)
+    return "  ".join(
+        f"{group} ({counts['boxes']}): " + " ".join(f"{k} {100 * v:.1f}%" for k, v in counts.items() if k != "boxes")
+        for group, counts in rows
+    )
 
 
 def ground_truth_accuracy_metrics(accuracy: dict) -> dict:
@@ -183,25 +200,45 @@ def train_detector(data_root, out, options: dict, tracker, seed: int = 0, device
     if sorted(train.cats) != list(range(1, len(names) + 1)):
         raise ValueError(f"{data_root}: category ids must be 1..{len(names)} (0 is the background)")
     architecture = {k: options[k] for k in ("image_size", "widths", "blocks", "c4_stride") if k in options}
-    config = DetectorConfig(class_names=names, **{k: tuple(v) if isinstance(v, list) else v
-                                                  for k, v in architecture.items()})
+    config = DetectorConfig(
+        class_names=names, **{k: tuple(v) if isinstance(v, list) else v for k, v in architecture.items()}
+    )
     torch.manual_seed(seed)
     model = build_faster_rcnn(config).to(device)
     epochs = int(options.get("epochs", 6))
     batch_size = int(options.get("batch_size", 8))
     generator = torch.Generator().manual_seed(seed)
-    loader = DataLoader(CocoDetection(train, flip=True), batch_size=batch_size, shuffle=True,
-                        collate_fn=_collate, generator=generator, drop_last=True)
+    loader = DataLoader(
+        CocoDetection(train, flip=True),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=_collate,
+        generator=generator,
+        drop_last=True,
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=options.get("lr", 0.02), momentum=0.9, weight_decay=1e-4)
     total = epochs * len(loader)
     warmup = min(100, total // 10)
     # Linear warm-up then cosine decay to zero.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / warmup if s < warmup else
-                                                  0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))))
-    tracker.log_params({"detector": {**config.to_json(), "epochs": epochs, "batch_size": batch_size,
-                                     "lr": optimizer.param_groups[0]["initial_lr"]},
-                        "train_images": len(train.imgs), "val_images": len(val.imgs)})
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: (
+            (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))
+        ),
+    )
+    tracker.log_params(
+        {
+            "detector": {
+                **config.to_json(),
+                "epochs": epochs,
+                "batch_size": batch_size,
+                "lr": optimizer.param_groups[0]["initial_lr"],
+            },
+            "train_images": len(train.imgs),
+            "val_images": len(val.imgs),
+        }
+    )
     step, start = 0, time.perf_counter()
     for epoch in range(epochs):
         model.train()
@@ -220,16 +257,35 @@ def train_detector(data_root, out, options: dict, tracker, seed: int = 0, device
             step += 1
             losses.append(loss.item())
             if step % 10 == 0:
-                tracker.log_metrics({"loss": loss.item(), **{k: v.item() for k, v in loss_dict.items()},
-                                     "lr": scheduler.get_last_lr()[0]}, step=step)
+                tracker.log_metrics(
+                    {
+                        "loss": loss.item(),
+                        **{k: v.item() for k, v in loss_dict.items()},
+                        "lr": scheduler.get_last_lr()[0],
+                    },
+                    step=step,
+                )
         scores = evaluate_coco(model, val, device=device)
-        tracker.log_metrics({"epoch": epoch + 1, "train_loss_epoch": float(np.mean(losses)),
-                             "val_mAP": scores["mAP"], "val_mAP50": scores["mAP50"]}, step=step)
-        print(f"detector epoch {epoch + 1}/{epochs}: loss {np.mean(losses):.3f}  "
-              f"val mAP {scores['mAP']:.3f}  mAP@0.5 {scores['mAP50']:.3f}")
+        tracker.log_metrics(
+            {
+                "epoch": epoch + 1,
+                "train_loss_epoch": float(np.mean(losses)),
+                "val_mAP": scores["mAP"],
+                "val_mAP50": scores["mAP50"],
+            },
+            step=step,
+        )
+        print(
+            f"detector epoch {epoch + 1}/{epochs}: loss {np.mean(losses):.3f}  "
+            f"val mAP {scores['mAP']:.3f}  mAP@0.5 {scores['mAP50']:.3f}"
+        )
     save_detector(model, config, out)
-    metrics = {"val_mAP": scores["mAP"], "val_mAP50": scores["mAP50"], "epochs": epochs,
-               "train_seconds": round(time.perf_counter() - start, 1)}
+    metrics = {
+        "val_mAP": scores["mAP"],
+        "val_mAP50": scores["mAP50"],
+        "epochs": epochs,
+        "train_seconds": round(time.perf_counter() - start, 1),
+    }
     # mAP alone can hide a detector whose features no longer tell small shapes or colours apart.
     metrics["val_gt_accuracy"] = ground_truth_accuracy(model, val, device=device)
     tracker.log_metrics(ground_truth_accuracy_metrics(metrics["val_gt_accuracy"]), step=step)

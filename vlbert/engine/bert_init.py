@@ -27,9 +27,14 @@ from .seeding import batch_generator, epoch_order
 def world_text_files(data_root) -> list[Path]:
     """The files `world_texts` reads."""
     root = Path(data_root)
-    return [root / "text_corpus" / "corpus.txt", root / "conceptual_captions" / "train.tsv",
-            root / "vqa" / "v2_OpenEnded_mscoco_train2014_questions.json", root / "vcr" / "train.jsonl",
-            root / "refcoco+" / "refs(unc).p", root / "refcoco+" / "instances.json"]
+    return [
+        root / "text_corpus" / "corpus.txt",
+        root / "conceptual_captions" / "train.tsv",
+        root / "vqa" / "v2_OpenEnded_mscoco_train2014_questions.json",
+        root / "vcr" / "train.jsonl",
+        root / "refcoco+" / "refs(unc).p",
+        root / "refcoco+" / "instances.json",
+    ]
 
 
 def world_texts(data_root) -> list[str]:
@@ -45,8 +50,9 @@ def world_texts(data_root) -> list[str]:
     texts += [q.question for q in read_vqa(questions)]
     for item in read_vcr(vcr):
         for tokens in (item.question, *item.answer_choices, *item.rationale_choices):
-            texts.append(" ".join(w if isinstance(w, str) else " and ".join(item.objects[i] for i in w)
-                                  for w in tokens))
+            texts.append(
+                " ".join(w if isinstance(w, str) else " and ".join(item.objects[i] for i in w) for w in tokens)
+            )
     texts += [e.sentence for e in RefCOCO(refs.parent).expressions("train")]
     return texts
 
@@ -82,11 +88,16 @@ def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool =
     torch.manual_seed(seed)
     processor = world_processor(preset, data_root, processor)
     corpus_path = Path(data_root) / "text_corpus" / "corpus.txt"
-    config = BertConfig(vocab_size=len(processor.tokenizer), hidden_size=model_options["hidden_size"],
-                        num_hidden_layers=model_options["num_hidden_layers"],
-                        num_attention_heads=model_options["num_attention_heads"],
-                        intermediate_size=model_options["intermediate_size"],
-                        max_position_embeddings=512, type_vocab_size=2, attn_implementation="sdpa")
+    config = BertConfig(
+        vocab_size=len(processor.tokenizer),
+        hidden_size=model_options["hidden_size"],
+        num_hidden_layers=model_options["num_hidden_layers"],
+        num_attention_heads=model_options["num_attention_heads"],
+        intermediate_size=model_options["intermediate_size"],
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        attn_implementation="sdpa",
+    )
     model = BertForMaskedLM(config)
     if model_options.get("word_embedding_std"):
         init_word_embeddings(model, float(model_options["word_embedding_std"]))
@@ -97,12 +108,15 @@ def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool =
     epochs = int(options["epochs"])
     optimizer = build_optimizer(model, options)
     scheduler = build_scheduler(optimizer, options, epochs * batches, batches)
-    tracker.log_params({"bert_init": options, "model": model_options, "passages": len(corpus),
-                        "vocab_size": len(processor.tokenizer)})
+    tracker.log_params(
+        {"bert_init": options, "model": model_options, "passages": len(corpus), "vocab_size": len(processor.tokenizer)}
+    )
 
     def make_batch(epoch, b):
         order = epoch_order(len(corpus), seed, epoch)
-        return collate([corpus[i] for i in order[b * batch_size:(b + 1) * batch_size]], batch_generator(seed, epoch, b))
+        return collate(
+            [corpus[i] for i in order[b * batch_size : (b + 1) * batch_size]], batch_generator(seed, epoch, b)
+        )
 
     def loss_fn(model, batch):
         hidden = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
@@ -112,14 +126,28 @@ def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool =
 
     # What this run is made from: a checkpoint of any other run is not resumed.
     texts = world_text_files(data_root) if preset["model"].get("wordpiece_vocab_size") else [corpus_path]
-    identity = {"stage": "bert_init", "seed": seed,
-                "preset": {key: preset.get(key) for key in ("model", "bert_init", "training")},
-                "inputs": {str(Path(path).relative_to(data_root)): input_identity(path) for path in texts}}
-    loop = TrainingLoop(model, optimizer, scheduler, LoopConfig(epochs, batches, **preset.get("training", {})),
-                        out, make_batch, loss_fn, tracker, progress=progress, identity=identity)
+    identity = {
+        "stage": "bert_init",
+        "seed": seed,
+        "preset": {key: preset.get(key) for key in ("model", "bert_init", "training")},
+        "inputs": {str(Path(path).relative_to(data_root)): input_identity(path) for path in texts},
+    }
+    loop = TrainingLoop(
+        model,
+        optimizer,
+        scheduler,
+        LoopConfig(epochs, batches, **preset.get("training", {})),
+        out,
+        make_batch,
+        loss_fn,
+        tracker,
+        progress=progress,
+        identity=identity,
+    )
     state = loop.fit()
     # The BERT checkpoint that VL-BERT loads: the last epoch's weights and the tokenizer.
     from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()
     model.save_pretrained(str(out / "bert"))
     processor.save_pretrained(out / "bert")

@@ -25,16 +25,24 @@ def load_processor(bert: str | Path | None, max_text_length: int) -> VLBertProce
 
 def vlbert_config(preset: dict, bert: str | Path, detector_dir, **overrides) -> VLBertConfig:
     from transformers import BertConfig
+
     bert_config = BertConfig.from_pretrained(str(bert))
     detector = json.loads((Path(detector_dir) / DETECTOR_CONFIG).read_text())
     # The [IMG] and [END] ids are the checkpoint's tokenizer's (a trained vocabulary puts them elsewhere).
     vocab = load_processor(bert, 8).tokenizer.get_vocab()
     return VLBertConfig(
-        img_token_id=vocab[IMG_TOKEN], end_token_id=vocab[END_TOKEN],
-        **{k: getattr(bert_config, k) for k in SIZE_KEYS + ("vocab_size", "max_position_embeddings",
-                                                          "hidden_dropout_prob", "attention_probs_dropout_prob")},
-        visual_feature_dim=detector["widths"][3], num_visual_classes=len(detector["class_names"]) + 1,
-        frcnn=detector, **overrides)
+        img_token_id=vocab[IMG_TOKEN],
+        end_token_id=vocab[END_TOKEN],
+        **{
+            k: getattr(bert_config, k)
+            for k in SIZE_KEYS
+            + ("vocab_size", "max_position_embeddings", "hidden_dropout_prob", "attention_probs_dropout_prob")
+        },
+        visual_feature_dim=detector["widths"][3],
+        num_visual_classes=len(detector["class_names"]) + 1,
+        frcnn=detector,
+        **overrides,
+    )
 
 
 def build_model(cls, preset: dict, bert, detector_dir, appearance_mean=None, **overrides):

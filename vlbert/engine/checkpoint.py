@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 STATE_FILE = "state.json"
 STATE_TENSORS = "state.safetensors"
 IDENTITY_FILE = "identity.json"
-HASHED_UP_TO = 64 * 2 ** 20   # larger files are known by size and modification time
+HASHED_UP_TO = 64 * 2**20  # larger files are known by size and modification time
 
 
 def file_identity(path) -> dict | str | None:
@@ -39,14 +39,18 @@ def file_identity(path) -> dict | str | None:
         return f"size {stat.st_size}, mtime_ns {stat.st_mtime_ns}"
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2 ** 20), b""):
+        for block in iter(lambda: f.read(2**20), b""):
             digest.update(block)
     return f"sha256 {digest.hexdigest()}"
 
 
 def input_identity(source) -> dict | str | None:
     """An input given as a path (its content's identity) or as a name (a hub model: the name)."""
-    return file_identity(source) if source is not None and Path(source).exists() else (None if source is None else str(source))
+    return (
+        file_identity(source)
+        if source is not None and Path(source).exists()
+        else (None if source is None else str(source))
+    )
 
 
 def normalise_identity(identity: dict) -> dict:
@@ -57,8 +61,11 @@ def normalise_identity(identity: dict) -> dict:
 def identity_differences(stored, current, prefix: str = "") -> list[str]:
     """Dotted keys at which two identities differ."""
     if isinstance(stored, dict) and isinstance(current, dict):
-        return [d for key in sorted(set(stored) | set(current), key=str)
-                for d in identity_differences(stored.get(key), current.get(key), f"{prefix}{key}.")]
+        return [
+            d
+            for key in sorted(set(stored) | set(current), key=str)
+            for d in identity_differences(stored.get(key), current.get(key), f"{prefix}{key}.")
+        ]
     return [] if stored == current else [prefix.rstrip(".") or "(all)"]
 
 
@@ -67,8 +74,9 @@ def checkpoint_identity(folder) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def save_checkpoint(folder, model, optimizer, scheduler, position: dict, extra: dict | None = None,
-                    identity: dict | None = None) -> None:
+def save_checkpoint(
+    folder, model, optimizer, scheduler, position: dict, extra: dict | None = None, identity: dict | None = None
+) -> None:
     folder = Path(folder)
     partial = folder.with_name(folder.name + ".partial")
     if partial.exists():
@@ -76,8 +84,16 @@ def save_checkpoint(folder, model, optimizer, scheduler, position: dict, extra: 
     model.save_pretrained(partial)
     if identity is not None:
         (partial / IDENTITY_FILE).write_text(json.dumps(normalise_identity(identity), indent=1, sort_keys=True))
-    write_state(partial, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                          "torch_rng": torch.get_rng_state(), "position": position, "extra": extra or {}})
+    write_state(
+        partial,
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "position": position,
+            "extra": extra or {},
+        },
+    )
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         os.replace(folder, old)
@@ -123,7 +139,9 @@ def read_state(folder) -> dict:
 
     def unpack(value):
         if isinstance(value, dict):
-            return tensors[value["tensor"]] if "tensor" in value else {key: unpack(item) for key, item in value["dict"]}
+            return (
+                tensors[value["tensor"]] if "tensor" in value else {key: unpack(item) for key, item in value["dict"]}
+            )
         if isinstance(value, list):
             return [unpack(item) for item in value]
         return value

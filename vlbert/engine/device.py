@@ -15,6 +15,7 @@ def move_to(obj, device: torch.device):
     if isinstance(obj, (list, tuple)):
         return type(obj)(move_to(v, device) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: move_to(getattr(obj, f.name), device)
-                                           for f in dataclasses.fields(obj)})
+        return dataclasses.replace(
+            obj, **{f.name: move_to(getattr(obj, f.name), device) for f in dataclasses.fields(obj)}
+        )
     return obj

@@ -31,15 +31,32 @@ def predict(model, task, examples: list[dict], batch_size: int) -> list[dict]:
     device = next(model.parameters()).device
     predictions = []
     for k in range(0, len(examples), batch_size):
-        chunk = examples[k:k + batch_size]
+        chunk = examples[k : k + batch_size]
         predictions += task.predictions(model(**move_to(task.collate(chunk), device)), chunk)
     return predictions
 
 
-def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, data_root, features_dir,
-             tracker, processor, pretrained=None, bert=None, detector_dir=None, device: str = "cpu",
-             progress: bool = True, max_steps: int | None = None, score_test: bool = True) -> dict:
+def finetune(
+    preset: dict,
+    setting,
+    task_name: str,
+    lr: float,
+    seed: int,
+    out,
+    data_root,
+    features_dir,
+    tracker,
+    processor,
+    pretrained=None,
+    bert=None,
+    detector_dir=None,
+    device: str = "cpu",
+    progress: bool = True,
+    max_steps: int | None = None,
+    score_test: bool = True,
+) -> dict:
     from .distributed import is_main_process, world_size, wrap
+
     out = Path(out)
     if world_size() > 1 and is_main_process():
         print(f"data-parallel fine-tuning: {world_size()} processes")
@@ -55,8 +72,14 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
         # The features stay centred on the pre-training images' mean, saved with the weights.
         model = task.model_class.from_pretrained(pretrained, **task.model_overrides(), tune_frcnn=False)
     else:
-        model, _ = build_model(task.model_class, preset, bert, detector_dir, **task.model_overrides(),
-                               appearance_mean=feature_mean(e["regions"] for e in train))
+        model, _ = build_model(
+            task.model_class,
+            preset,
+            bert,
+            detector_dir,
+            **task.model_overrides(),
+            appearance_mean=feature_mean(e["regions"] for e in train),
+        )
     model.to(device)
     options = preset["finetune"][task.options_key]
     epochs = max(1, round(options["epochs"] * preset["finetune"].get("epoch_factor", 1.0)))
@@ -67,12 +90,18 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
     factor = epochs / options["epochs"]
     scaled = {**options, "step_epochs": [max(1, round(e * factor)) for e in options.get("step_epochs", [])]}
     scheduler = build_scheduler(optimizer, scaled, epochs * batches, batches)
-    tracker.log_params({"finetune": {**options, "lr": lr, "epochs_run": epochs}, "seed": seed,
-                        "train_examples": len(train), "val_examples": len(val)})
+    tracker.log_params(
+        {
+            "finetune": {**options, "lr": lr, "epochs_run": epochs},
+            "seed": seed,
+            "train_examples": len(train),
+            "val_examples": len(val),
+        }
+    )
 
     def make_batch(epoch, b):
         order = epoch_order(len(train), seed, epoch)
-        return task.collate([train[i] for i in order[b * batch_size:(b + 1) * batch_size]])
+        return task.collate([train[i] for i in order[b * batch_size : (b + 1) * batch_size]])
 
     def loss_fn(model, batch):
         out = model(**batch)
@@ -83,15 +112,36 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
 
     # What this run is made from: a checkpoint of any other run (another rate, seed, preset value,
     # starting checkpoint or store) is not resumed, a sweep trial's included (--continue-trial).
-    identity = {"stage": "finetune", "setting": setting.name, "task": task_name, "lr": lr, "seed": seed,
-                "preset": {"model": preset.get("model"), "training": preset.get("training"),
-                           "finetune": {"epoch_factor": preset["finetune"].get("epoch_factor", 1.0), **options}},
-                "inputs": {"start": input_identity(pretrained if setting.pretrains else bert),
-                           "detector": None if setting.pretrains else input_identity(detector_dir),
-                           **{f"store.{path.name}": input_identity(path) for path in task.store_paths()}}}
-    loop = TrainingLoop(wrap(model, device), optimizer, scheduler,
-                        LoopConfig(epochs, batches, select_metric="accuracy", max_steps=max_steps, **preset.get("training", {})),
-                        out, make_batch, loss_fn, tracker, evaluate=evaluate, progress=progress, identity=identity)
+    identity = {
+        "stage": "finetune",
+        "setting": setting.name,
+        "task": task_name,
+        "lr": lr,
+        "seed": seed,
+        "preset": {
+            "model": preset.get("model"),
+            "training": preset.get("training"),
+            "finetune": {"epoch_factor": preset["finetune"].get("epoch_factor", 1.0), **options},
+        },
+        "inputs": {
+            "start": input_identity(pretrained if setting.pretrains else bert),
+            "detector": None if setting.pretrains else input_identity(detector_dir),
+            **{f"store.{path.name}": input_identity(path) for path in task.store_paths()},
+        },
+    }
+    loop = TrainingLoop(
+        wrap(model, device),
+        optimizer,
+        scheduler,
+        LoopConfig(epochs, batches, select_metric="accuracy", max_steps=max_steps, **preset.get("training", {})),
+        out,
+        make_batch,
+        loss_fn,
+        tracker,
+        evaluate=evaluate,
+        progress=progress,
+        identity=identity,
+    )
     state = loop.fit()
     if max_steps is not None and state.step >= max_steps:
         return loop_speed(loop, batch_size)
@@ -105,11 +155,25 @@ def finetune(preset: dict, setting, task_name: str, lr: float, seed: int, out, d
         test_predictions = predict(best, task, task.examples("test"), batch_size)
         io.write_json(out / "predictions_test.json", test_predictions)
         test = task.score(test_predictions, "test")
-    metrics = {"setting": setting.name, "task": task_name, "seed": seed, "lr": lr,
-               "best_epoch": state.best_epoch + 1, "epochs": epochs,
-               "val": task.score(val_predictions, "val"), "test": test,
-               "val_history": state.history, "data_wait_share": round(loop_speed(loop, batch_size)["data_wait_share"], 4)}
+    metrics = {
+        "setting": setting.name,
+        "task": task_name,
+        "seed": seed,
+        "lr": lr,
+        "best_epoch": state.best_epoch + 1,
+        "epochs": epochs,
+        "val": task.score(val_predictions, "val"),
+        "test": test,
+        "val_history": state.history,
+        "data_wait_share": round(loop_speed(loop, batch_size)["data_wait_share"], 4),
+    }
     io.write_json(out / "metrics.json", metrics, indent=2)
-    tracker.log_metrics({"best_epoch": metrics["best_epoch"], **{f"final_val_{k}": v for k, v in metrics["val"].items()},
-                         **{f"final_test_{k}": v for k, v in test.items()}}, step=state.step)
+    tracker.log_metrics(
+        {
+            "best_epoch": metrics["best_epoch"],
+            **{f"final_val_{k}": v for k, v in metrics["val"].items()},
+            **{f"final_test_{k}": v for k, v in test.items()},
+        },
+        step=state.step,
+    )
     return metrics

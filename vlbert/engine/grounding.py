@@ -46,7 +46,7 @@ def mask_kind(text: str, words, vocabulary: dict[str, int], mask_token: str) -> 
 
     def replace(match):
         nonlocal skipped
-        word = match.group(0).lower()   # the world's words are lower case, as are its captions
+        word = match.group(0).lower()  # the world's words are lower case, as are its captions
         if word not in vocabulary:
             skipped += 1
             return match.group(0)
@@ -66,7 +66,7 @@ def probe_batch(collate, examples: list[dict], labels: list[list[int]], mask_id:
     for k, words in enumerate(labels):
         positions = (ids[k] == mask_id).nonzero().flatten()
         # Truncation may have cut the caption's last masked words.
-        targets[k, positions] = torch.tensor(words[:len(positions)], dtype=ids.dtype)
+        targets[k, positions] = torch.tensor(words[: len(positions)], dtype=ids.dtype)
     batch["input_ids"], batch["mlm_labels"] = ids, targets
     return batch
 
@@ -89,8 +89,10 @@ def recorded_attentions(bert):
     then restores the model's own."""
     previous = bert.config._attn_implementation
     recorded = []
-    hooks = [layer.attention.self.register_forward_hook(lambda module, args, output: recorded.append(output[1]))
-             for layer in bert.encoder.layer]
+    hooks = [
+        layer.attention.self.register_forward_hook(lambda module, args, output: recorded.append(output[1]))
+        for layer in bert.encoder.layer
+    ]
     bert.set_attn_implementation("eager")
     try:
         yield recorded
@@ -100,8 +102,9 @@ def recorded_attentions(bert):
             hook.remove()
 
 
-def probe_batches(processor, collate, examples: list[dict], words, batch_size: int = 32,
-                  max_examples: int = MAX_EXAMPLES):
+def probe_batches(
+    processor, collate, examples: list[dict], words, batch_size: int = 32, max_examples: int = MAX_EXAMPLES
+):
     """For one word kind, per batch of the first `max_examples` captions: the batch with each
     caption's own image, the same captions and masks with the image validation pairs it with (one
     with as many regions, so that both encode alike), and the number of words skipped."""
@@ -114,13 +117,17 @@ def probe_batches(processor, collate, examples: list[dict], words, batch_size: i
         labels = [labels for _, labels, _ in masked]
         own = [{**examples[i], "text": text} for i, (text, _, _) in zip(chunk, masked)]
         other = [{**e, "regions": examples[order[i]]["regions"]} for i, e in zip(chunk, own)]
-        yield (probe_batch(collate, own, labels, processor.mask_id), probe_batch(collate, other, labels, processor.mask_id),
-               sum(skipped for _, _, skipped in masked))
+        yield (
+            probe_batch(collate, own, labels, processor.mask_id),
+            probe_batch(collate, other, labels, processor.mask_id),
+            sum(skipped for _, _, skipped in masked),
+        )
 
 
 @torch.no_grad()
-def grounding_probe(model, processor, collate, examples: list[dict], batch_size: int = 32,
-                    max_examples: int = MAX_EXAMPLES) -> dict:
+def grounding_probe(
+    model, processor, collate, examples: list[dict], batch_size: int = 32, max_examples: int = MAX_EXAMPLES
+) -> dict:
     """Per word kind: accuracy (%) among the kind's words with the own image and another's, their
     gain, chance (%), the number of masked words and of words skipped (several tokens); and the
     attention share of the masked words on [IMG] elements per layer (own image), with its uniform
@@ -134,7 +141,9 @@ def grounding_probe(model, processor, collate, examples: list[dict], batch_size:
             if not len(candidates):
                 continue
             right, count, skipped = {"own": 0, "other": 0}, 0, 0
-            for own, other, skipped_here in probe_batches(processor, collate, examples, words, batch_size, max_examples):
+            for own, other, skipped_here in probe_batches(
+                processor, collate, examples, words, batch_size, max_examples
+            ):
                 skipped += skipped_here
                 if not (own["mlm_labels"] != IGNORE_INDEX).any():
                     continue
@@ -150,10 +159,16 @@ def grounding_probe(model, processor, collate, examples: list[dict], batch_size:
                         shares.append(share.cpu())
                         uniform.append(base.cpu())
             own_accuracy, other_accuracy = (100 * right[i] / max(count, 1) for i in ("own", "other"))
-            metrics.update({f"ground_{kind}_own": own_accuracy, f"ground_{kind}_other": other_accuracy,
-                            f"ground_{kind}_gain": own_accuracy - other_accuracy,
-                            f"ground_{kind}_chance": 100 / len(candidates), f"ground_{kind}_n": count,
-                            f"ground_{kind}_skipped": skipped})
+            metrics.update(
+                {
+                    f"ground_{kind}_own": own_accuracy,
+                    f"ground_{kind}_other": other_accuracy,
+                    f"ground_{kind}_gain": own_accuracy - other_accuracy,
+                    f"ground_{kind}_chance": 100 / len(candidates),
+                    f"ground_{kind}_n": count,
+                    f"ground_{kind}_skipped": skipped,
+                }
+            )
     if shares:
         per_layer = torch.cat(shares).mean(0)
         metrics.update({f"attention_img_share_layer{i}": float(v) for i, v in enumerate(per_layer)})

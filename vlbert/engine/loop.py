@@ -33,44 +33,62 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from .. import io
-from .checkpoint import (checkpoint_identity, discard_checkpoint, identity_differences, latest_checkpoint,
-                         load_training_state, normalise_identity, read_state, save_checkpoint)
+from .checkpoint import (
+    checkpoint_identity,
+    discard_checkpoint,
+    identity_differences,
+    latest_checkpoint,
+    load_training_state,
+    normalise_identity,
+    read_state,
+    save_checkpoint,
+)
 from .device import move_to
 from .distributed import is_main_process, rank, unwrap, world_size
 
-TRACKING_FILE = "tracking.json"   # the tracker's run that last trained in the folder, and what it trained
+TRACKING_FILE = "tracking.json"  # the tracker's run that last trained in the folder, and what it trained
 
 
 @dataclass
 class LoopConfig:
     epochs: int
     batches_per_epoch: int
-    checkpoint_every: int = 50          # steps; also at every epoch end
+    checkpoint_every: int = 50  # steps; also at every epoch end
     grad_clip: float = 1.0
     log_every: int = 10
-    select_metric: str | None = None    # validation metric to pick the best epoch by (higher is better)
-    max_steps: int | None = None        # stop early (benchmarks, quick looks): no validation, no best
-    precision: str = "fp32"             # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+    select_metric: str | None = None  # validation metric to pick the best epoch by (higher is better)
+    max_steps: int | None = None  # stop early (benchmarks, quick looks): no validation, no best
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
 
 
 @dataclass
 class LoopState:
-    epoch: int = 0                      # epoch in progress
-    batch: int = 0                      # next batch (this process's count) within it
-    step: int = 0                       # optimiser steps done
+    epoch: int = 0  # epoch in progress
+    batch: int = 0  # next batch (this process's count) within it
+    step: int = 0  # optimiser steps done
     best_metric: float = -math.inf
     best_epoch: int = -1
-    history: list = field(default_factory=list)   # per-epoch validation metrics
+    history: list = field(default_factory=list)  # per-epoch validation metrics
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
 
 
 class TrainingLoop:
-    def __init__(self, model, optimizer, scheduler, config: LoopConfig, out_dir,
-                 make_batch: Callable[[int, int], dict], loss_fn: Callable, tracker,
-                 evaluate: Callable[[torch.nn.Module], dict] | None = None, progress: bool = True,
-                 identity: dict | None = None):
+    def __init__(
+        self,
+        model,
+        optimizer,
+        scheduler,
+        config: LoopConfig,
+        out_dir,
+        make_batch: Callable[[int, int], dict],
+        loss_fn: Callable,
+        tracker,
+        evaluate: Callable[[torch.nn.Module], dict] | None = None,
+        progress: bool = True,
+        identity: dict | None = None,
+    ):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.identity = normalise_identity(identity) if identity is not None else None
         self.config, self.out_dir = config, Path(out_dir)
@@ -79,15 +97,15 @@ class TrainingLoop:
         self.checkpoint_dir = self.out_dir / "checkpoint"
         self.best_dir = self.out_dir / "best"
         self.state = LoopState()
-        self.not_resumed = None   # why the training starts from the beginning, when it does
+        self.not_resumed = None  # why the training starts from the beginning, when it does
         if config.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {config.precision!r}")
         self.device = next(model.parameters()).device
         self.device_type = self.device.type
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=config.precision == "fp16")
-        self.data_wait = 0.0   # seconds the loop waited for a batch to be ready
-        self.step_time = 0.0   # seconds from asking for a batch to the end of its optimiser step
+        self.data_wait = 0.0  # seconds the loop waited for a batch to be ready
+        self.step_time = 0.0  # seconds from asking for a batch to the end of its optimiser step
         self.steps_timed = 0
 
     # ---- checkpoints --------------------------------------------------------------------------
@@ -128,8 +146,12 @@ class TrainingLoop:
         unwrap(self.model).load_state_dict(load_file(str(found / "model.safetensors")), strict=False)
         loaded = load_training_state(saved, self.optimizer, self.scheduler)
         extra = loaded["extra"]
-        self.state = LoopState(**loaded["position"], best_metric=extra["best_metric"],
-                               best_epoch=extra["best_epoch"], history=extra["history"])
+        self.state = LoopState(
+            **loaded["position"],
+            best_metric=extra["best_metric"],
+            best_epoch=extra["best_epoch"],
+            history=extra["history"],
+        )
         return True
 
     def _start_tracking(self, resumed: bool) -> None:
@@ -145,19 +167,31 @@ class TrainingLoop:
             self.tracker.set_tags({"vlbert.resumed_at_step": self.state.step})
             return
         if last["run_id"] is not None:
-            why = (self.not_resumed if not resumed else "it could not be reopened" if continuing
-                   else "the checkpoint resumed is another training's")
-            self.tracker.abandon(last["run_id"], f"not continued, as {why}; {self.out_dir} trains again "
-                                                 f"in run {run_id}")
+            why = (
+                self.not_resumed
+                if not resumed
+                else "it could not be reopened"
+                if continuing
+                else "the checkpoint resumed is another training's"
+            )
+            self.tracker.abandon(
+                last["run_id"], f"not continued, as {why}; {self.out_dir} trains again in run {run_id}"
+            )
         if run_id is not None:
             io.write_json(record, {"run_id": run_id, "identity": trains})
 
     def save(self) -> None:
         if is_main_process():
             s = self.state
-            save_checkpoint(self.checkpoint_dir, unwrap(self.model), self.optimizer, self.scheduler, s.to_dict(),
-                            {"best_metric": s.best_metric, "best_epoch": s.best_epoch, "history": s.history},
-                            self.identity)
+            save_checkpoint(
+                self.checkpoint_dir,
+                unwrap(self.model),
+                self.optimizer,
+                self.scheduler,
+                s.to_dict(),
+                {"best_metric": s.best_metric, "best_epoch": s.best_epoch, "history": s.history},
+                self.identity,
+            )
 
     # ---- training -----------------------------------------------------------------------------
 
@@ -177,8 +211,10 @@ class TrainingLoop:
             parts = ", ".join(f"{k} {v.item():.4g}" for k, v in losses.items())
             raise FloatingPointError(
                 f"non-finite loss at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
-                f"batch {self.state.batch + 1}): loss {loss.item():.4g}" + (f" ({parts})" if parts else "")
-                + f"; the last good checkpoint is kept: {where}")
+                f"batch {self.state.batch + 1}): loss {loss.item():.4g}"
+                + (f" ({parts})" if parts else "")
+                + f"; the last good checkpoint is kept: {where}"
+            )
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.config.grad_clip:
@@ -200,9 +236,14 @@ class TrainingLoop:
         with ThreadPoolExecutor(max_workers=1) as loader:
             while self.state.epoch < self.config.epochs:
                 epoch = self.state.epoch
-                todo = mine[self.state.batch:]
-                bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=f"epoch {epoch + 1}/{self.config.epochs}",
-                           disable=not self.progress, leave=False)
+                todo = mine[self.state.batch :]
+                bar = tqdm(
+                    total=len(mine),
+                    initial=len(mine) - len(todo),
+                    desc=f"epoch {epoch + 1}/{self.config.epochs}",
+                    disable=not self.progress,
+                    leave=False,
+                )
                 pending = loader.submit(self.make_batch, epoch, todo[0]) if todo else None
                 for position, b in enumerate(todo):
                     waited = time.perf_counter()
@@ -218,9 +259,14 @@ class TrainingLoop:
                     self.state.batch += 1
                     bar.update(1)
                     if self.state.step % self.config.log_every == 0 and is_main_process():
-                        self.tracker.log_metrics({**logs, "lr": self.scheduler.get_last_lr()[0],
-                                                  "data_wait_share": self.data_wait / max(self.step_time, 1e-9)},
-                                                 step=self.state.step)
+                        self.tracker.log_metrics(
+                            {
+                                **logs,
+                                "lr": self.scheduler.get_last_lr()[0],
+                                "data_wait_share": self.data_wait / max(self.step_time, 1e-9),
+                            },
+                            step=self.state.step,
+                        )
                     if self.state.step % self.config.checkpoint_every == 0 and self.state.batch < len(mine):
                         self.save()
                     if self.config.max_steps is not None and self.state.step >= self.config.max_steps:
@@ -246,13 +292,16 @@ class TrainingLoop:
         if world_size() == 1:
             return
         import torch.distributed as dist
+
         checksum = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().reshape(1)
         gathered = [torch.zeros_like(checksum) for _ in range(world_size())]
         dist.all_gather(gathered, checksum)
         values = torch.cat(gathered)
         if not torch.allclose(values, values[0].expand_as(values), rtol=1e-9, atol=1e-6):
-            raise RuntimeError(f"training processes are out of step after epoch {self.state.epoch + 1}: "
-                               f"parameter checksums {values.tolist()}")
+            raise RuntimeError(
+                f"training processes are out of step after epoch {self.state.epoch + 1}: "
+                f"parameter checksums {values.tolist()}"
+            )
 
     def _end_epoch(self) -> None:
         self._check_in_step()
@@ -260,8 +309,10 @@ class TrainingLoop:
         metrics = self.evaluate(unwrap(self.model)) if self.evaluate is not None and is_main_process() else {}
         s.history.append(metrics)
         if metrics and is_main_process():
-            self.tracker.log_metrics({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
-                                     | {"epoch": s.epoch + 1}, step=s.step)
+            self.tracker.log_metrics(
+                {f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))} | {"epoch": s.epoch + 1},
+                step=s.step,
+            )
         select = self.config.select_metric
         if select is None or (metrics and metrics[select] > s.best_metric):
             s.best_metric = metrics[select] if select else s.best_metric
@@ -274,5 +325,8 @@ class TrainingLoop:
 
 def loop_speed(loop: TrainingLoop, batch_size: int) -> dict:
     """Throughput of the steps a loop ran: examples per second and the share spent waiting for data."""
-    return {"steps": loop.steps_timed, "examples_per_second": loop.steps_timed * batch_size / max(loop.step_time, 1e-9),
-            "data_wait_share": loop.data_wait / max(loop.step_time, 1e-9)}
+    return {
+        "steps": loop.steps_timed,
+        "examples_per_second": loop.steps_timed * batch_size / max(loop.step_time, 1e-9),
+        "data_wait_share": loop.data_wait / max(loop.step_time, 1e-9),
+    }

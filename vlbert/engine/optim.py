@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight", "mask_embedding", "text_only_embedding", "text_scale")
-FAST_RCNN = "fast_rcnn."   # the Fast R-CNN module's parameters: `frcnn_lr_factor` x the rate
+FAST_RCNN = "fast_rcnn."  # the Fast R-CNN module's parameters: `frcnn_lr_factor` x the rate
 
 
 def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) -> torch.optim.Optimizer:
@@ -23,8 +23,10 @@ def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) ->
             decays = not (name.endswith(NO_DECAY) or param.ndim == 1)
             factor = frcnn_factor if FAST_RCNN in name else 1.0
             groups.setdefault((decays, factor), []).append(param)
-    groups = [{"params": params, "weight_decay": options.get("weight_decay", 1e-4) if decays else 0.0,
-               "lr": lr * factor} for (decays, factor), params in groups.items()]
+    groups = [
+        {"params": params, "weight_decay": options.get("weight_decay", 1e-4) if decays else 0.0, "lr": lr * factor}
+        for (decays, factor), params in groups.items()
+    ]
     kind = options.get("optimizer", "adamw")
     if kind == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)

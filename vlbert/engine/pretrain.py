@@ -76,8 +76,11 @@ def visual_clue_accuracy(model, own_batches, other_batches) -> dict:
     masks. Their difference, `visual_clue_gain`, is what the image adds: 0 for a model that has
     not learnt to read it, whatever its accuracy on the words the text alone gives away."""
     own, other = masked_lm_accuracy(model, own_batches), masked_lm_accuracy(model, other_batches)
-    return {**own, "mlm_accuracy_other_image": other["mlm_accuracy"],
-            "visual_clue_gain": own["mlm_accuracy"] - other["mlm_accuracy"]}
+    return {
+        **own,
+        "mlm_accuracy_other_image": other["mlm_accuracy"],
+        "visual_clue_gain": own["mlm_accuracy"] - other["mlm_accuracy"],
+    }
 
 
 class ValidationBatches:
@@ -90,7 +93,7 @@ class ValidationBatches:
 
     def __iter__(self):
         for k in range(0, len(self.examples), self.batch_size):
-            yield self.collate(self.examples[k:k + self.batch_size], batch_generator(self.seed, 0, k, "val"))
+            yield self.collate(self.examples[k : k + self.batch_size], batch_generator(self.seed, 0, k, "val"))
 
 
 def validation_batches(val, collate, seed: int, batch_size: int) -> tuple[ValidationBatches, ValidationBatches]:
@@ -99,26 +102,55 @@ def validation_batches(val, collate, seed: int, batch_size: int) -> tuple[Valida
     examples = [val[i] for i in range(len(val))]
     order = other_image_order([e["regions"].num_rois for e in examples])
     swapped = [{**e, "regions": examples[j]["regions"]} for e, j in zip(examples, order)]
-    return ValidationBatches(examples, collate, seed, batch_size), ValidationBatches(swapped, collate, seed, batch_size)
+    return ValidationBatches(examples, collate, seed, batch_size), ValidationBatches(
+        swapped, collate, seed, batch_size
+    )
 
 
-def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir, out, tracker, processor,
-             device: str = "cpu", progress: bool = True, max_steps: int | None = None) -> dict:
+def pretrain(
+    preset: dict,
+    setting,
+    bert,
+    detector_dir,
+    data_root,
+    features_dir,
+    out,
+    tracker,
+    processor,
+    device: str = "cpu",
+    progress: bool = True,
+    max_steps: int | None = None,
+) -> dict:
     from .distributed import wrap
     from .grounding import grounding_probe  # it imports this module
+
     if not setting.pretrains:
         raise ValueError(f"setting {setting.name!r} has no pre-training: fine-tune from the BERT init")
     seed, options = preset["seed"], preset["pretrain"]
     torch.manual_seed(seed)
     data_root, features_dir, out = Path(data_root), Path(features_dir), Path(out)
     max_rois = preset.get("model", {}).get("max_rois")
-    captions = CaptionDataset(data_root / "conceptual_captions", "train",
-                              open_store(features_dir, "conceptual_captions", "train", "det"), max_rois)
-    model, report = build_model(VLBertForPreTraining, preset, bert, detector_dir, tune_frcnn=setting.tune_frcnn,
-                                appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))))
+    captions = CaptionDataset(
+        data_root / "conceptual_captions",
+        "train",
+        open_store(features_dir, "conceptual_captions", "train", "det"),
+        max_rois,
+    )
+    model, report = build_model(
+        VLBertForPreTraining,
+        preset,
+        bert,
+        detector_dir,
+        tune_frcnn=setting.tune_frcnn,
+        appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))),
+    )
     model.to(device)
-    val = CaptionDataset(data_root / "conceptual_captions", "val",
-                         open_store(features_dir, "conceptual_captions", "val", "det"), max_rois)
+    val = CaptionDataset(
+        data_root / "conceptual_captions",
+        "val",
+        open_store(features_dir, "conceptual_captions", "val", "det"),
+        max_rois,
+    )
     corpus = CorpusDataset(data_root / "text_corpus" / "corpus.txt") if setting.text_corpus else None
     collate, text_collate = PretrainCollator(processor, setting, captions), TextOnlyCollator(processor)
     batch_size = options["batch_size"]
@@ -126,14 +158,24 @@ def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir,
     epochs = int(options["epochs"])
     optimizer = build_optimizer(model, options)
     scheduler = build_scheduler(optimizer, options, epochs * batches, batches)
-    tracker.log_params({"pretrain": options, "model": preset.get("model", {}), "setting": setting.__dict__,
-                        "captions": len(captions), "passages": len(corpus) if corpus else 0,
-                        "new_parameters": len(report["new"])})
+    tracker.log_params(
+        {
+            "pretrain": options,
+            "model": preset.get("model", {}),
+            "setting": setting.__dict__,
+            "captions": len(captions),
+            "passages": len(corpus) if corpus else 0,
+            "new_parameters": len(report["new"]),
+        }
+    )
 
     def make_batch(epoch, b):
         order = epoch_order(len(captions), seed, epoch)
-        batch = {"caption": collate([captions[i] for i in order[b * batch_size:(b + 1) * batch_size]],
-                                    batch_generator(seed, epoch, b))}
+        batch = {
+            "caption": collate(
+                [captions[i] for i in order[b * batch_size : (b + 1) * batch_size]], batch_generator(seed, epoch, b)
+            )
+        }
         if corpus is not None:  # the text-only corpus, 1:1 with the captions in every step
             text_order = epoch_order(len(corpus), seed, epoch, "text")
             picks = [text_order[(b * batch_size + k) % len(corpus)] for k in range(batch_size)]
@@ -149,28 +191,57 @@ def pretrain(preset: dict, setting, bert, detector_dir, data_root, features_dir,
     # Validation masks are fixed: the same words masked after every epoch and in every setting,
     # scored with each caption's own image and with another's.
     val_setting = dataclasses.replace(setting, masked_roi=False, sentence_image=False)
-    own_batches, other_batches = validation_batches(val, PretrainCollator(processor, val_setting, val), seed, batch_size)
+    own_batches, other_batches = validation_batches(
+        val, PretrainCollator(processor, val_setting, val), seed, batch_size
+    )
 
     def evaluate(m):
         # Per word kind, with the own image and another's: the learning curve of grounding.
-        return {**visual_clue_accuracy(m, own_batches, other_batches),
-                **grounding_probe(m, processor, own_batches.collate, own_batches.examples, batch_size)}
+        return {
+            **visual_clue_accuracy(m, own_batches, other_batches),
+            **grounding_probe(m, processor, own_batches.collate, own_batches.examples, batch_size),
+        }
 
     # What this run is made from: a checkpoint of any other run is not resumed.
-    identity = {"stage": "pretrain", "setting": setting.name, "seed": seed,
-                "preset": {key: preset.get(key) for key in ("model", "pretrain", "training")},
-                "inputs": {"bert": input_identity(bert), "detector": input_identity(detector_dir),
-                           **{f"captions.{split}": input_identity(data_root / "conceptual_captions" / f"{split}.tsv")
-                              for split in ("train", "val")},
-                           **{f"store.{split}": input_identity(features_dir / f"conceptual_captions.{split}.det.h5")
-                              for split in ("train", "val")},
-                           "corpus": input_identity(data_root / "text_corpus" / "corpus.txt") if corpus else None}}
-    loop = TrainingLoop(wrap(model, device), optimizer, scheduler,
-                        LoopConfig(epochs, batches, max_steps=max_steps, **preset.get("training", {})), out, make_batch, loss_fn, tracker,
-                        evaluate=evaluate, progress=progress, identity=identity)
+    identity = {
+        "stage": "pretrain",
+        "setting": setting.name,
+        "seed": seed,
+        "preset": {key: preset.get(key) for key in ("model", "pretrain", "training")},
+        "inputs": {
+            "bert": input_identity(bert),
+            "detector": input_identity(detector_dir),
+            **{
+                f"captions.{split}": input_identity(data_root / "conceptual_captions" / f"{split}.tsv")
+                for split in ("train", "val")
+            },
+            **{
+                f"store.{split}": input_identity(features_dir / f"conceptual_captions.{split}.det.h5")
+                for split in ("train", "val")
+            },
+            "corpus": input_identity(data_root / "text_corpus" / "corpus.txt") if corpus else None,
+        },
+    }
+    loop = TrainingLoop(
+        wrap(model, device),
+        optimizer,
+        scheduler,
+        LoopConfig(epochs, batches, max_steps=max_steps, **preset.get("training", {})),
+        out,
+        make_batch,
+        loss_fn,
+        tracker,
+        evaluate=evaluate,
+        progress=progress,
+        identity=identity,
+    )
     state = loop.fit()
     if max_steps is not None and state.step >= max_steps:
         return loop_speed(loop, batch_size)
     processor.save_pretrained(out / "best")
-    return {"steps": state.step, "epochs": epochs, "val": state.history[-1] if state.history else {},
-            **loop_speed(loop, batch_size)}
+    return {
+        "steps": state.step,
+        "epochs": epochs,
+        "val": state.history[-1] if state.history else {},
+        **loop_speed(loop, batch_size),
+    }

@@ -30,14 +30,17 @@ def features_path(features_dir, dataset: str, split: str, boxes: str) -> Path:
     return Path(features_dir) / f"{store_name(dataset, split, boxes)}.h5"
 
 
-BOX_MODES = {"det": "detected", "gt": "gt"}   # a store's `mode` attribute for each kind of boxes
+BOX_MODES = {"det": "detected", "gt": "gt"}  # a store's `mode` attribute for each kind of boxes
 
 
 def open_store(features_dir, dataset: str, split: str, boxes: str) -> FeatureStore:
     """That store, preloaded; one of another data set, split or kind of boxes under its name is
     refused (the image keys of two data sets can match, and the features would be read silently)."""
-    return FeatureStore(features_path(features_dir, dataset, split, boxes), preload=True,
-                        expect={"dataset": dataset, "split": split, "mode": BOX_MODES[boxes]})
+    return FeatureStore(
+        features_path(features_dir, dataset, split, boxes),
+        preload=True,
+        expect={"dataset": dataset, "split": split, "mode": BOX_MODES[boxes]},
+    )
 
 
 @dataclass
@@ -48,7 +51,7 @@ class Task:
     features_dir: Path
 
     model_class = None
-    options_key = None        # the preset's finetune section for this task
+    options_key = None  # the preset's finetune section for this task
 
     def __post_init__(self):
         """Subclasses read what every split shares (answer vocabulary, RefCOCO+ refs) here."""
@@ -87,6 +90,7 @@ class VQATask(Task):
 
     def __post_init__(self):
         from ..data.vqa import read_answer_vocabulary
+
         self.root = self.data_root / "vqa"
         self.answers = read_answer_vocabulary(self.root / "answers_vqa.txt")
         self.answer_index = {a: k for k, a in enumerate(self.answers)}
@@ -97,28 +101,42 @@ class VQATask(Task):
 
     def annotations(self, split: str) -> dict:
         from ..data.vqa import read_annotations
+
         if split not in self._annotations:
-            self._annotations[split] = read_annotations(self.root / f"v2_mscoco_{VQA_SUBTYPES[split]}_annotations.json")
+            self._annotations[split] = read_annotations(
+                self.root / f"v2_mscoco_{VQA_SUBTYPES[split]}_annotations.json"
+            )
         return self._annotations[split]
 
     def examples(self, split):
         from ..data.vqa import read_vqa
         from ..evaluation.vqa_eval import question_accuracy
+
         subtype = VQA_SUBTYPES[split]
         store = open_store(self.features_dir, "vqa", subtype, "det")
         out = []
-        for e in read_vqa(self.root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
-                          self.root / f"v2_mscoco_{subtype}_annotations.json"):
+        for e in read_vqa(
+            self.root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
+            self.root / f"v2_mscoco_{subtype}_annotations.json",
+        ):
             # Soft targets: each candidate answer's official score against the 10 human answers.
             scores = {a: question_accuracy(a, list(e.answers)) for a in set(e.answers) if a in self.answer_index}
-            out.append({"id": e.question_id, "question": e.question, "scores": scores,
-                        "regions": regions_of(store, str(e.image_id), e.image_path)})
+            out.append(
+                {
+                    "id": e.question_id,
+                    "question": e.question,
+                    "scores": scores,
+                    "regions": regions_of(store, str(e.image_id), e.image_path),
+                }
+            )
         return out
 
     def collate(self, examples):
         regions = [e["regions"] for e in examples]
-        batch = pad_batch([self.processor.encode(e["question"], "[MASK]", num_rois=r.num_rois)
-                           for e, r in zip(examples, regions)], self.processor.pad_id)
+        batch = pad_batch(
+            [self.processor.encode(e["question"], "[MASK]", num_rois=r.num_rois) for e, r in zip(examples, regions)],
+            self.processor.pad_id,
+        )
         batch["answer_positions"] = (batch["input_ids"] == self.processor.mask_id).int().argmax(1)
         scores = torch.zeros(len(examples), len(self.answers))
         for k, e in enumerate(examples):
@@ -134,11 +152,13 @@ class VQATask(Task):
 
     def score(self, predictions, split):
         from ..evaluation.vqa_eval import vqa_accuracy
+
         result = vqa_accuracy(self.annotations(split), {p["question_id"]: p["answer"] for p in predictions})
         return {"accuracy": result["overall"], **{f"accuracy_{k}": v for k, v in result["perAnswerType"].items()}}
 
 
 # ---- VCR -------------------------------------------------------------------------------------
+
 
 def vcr_words(tokens: list, objects: list[str]) -> list[Word]:
     """VCR tokens to words: an object reference [i, j] becomes 'name_i and name_j', each word
@@ -165,6 +185,7 @@ class VCRTask(Task):
         """vcr_qa2r: the rationales follow the right answer, or answer `after_answer` (0..3) of
         every question (the leaderboard takes the rationale scores after each answer)."""
         from ..data.vcr import read_vcr
+
         root = self.data_root / "vcr"
         store = open_store(self.features_dir, "vcr", split, "gt")
         out = []
@@ -177,18 +198,27 @@ class VCRTask(Task):
                 first = question + vcr_words(e.answer_choices[answer], e.objects)
                 # The rationale label holds after the right answer only.
                 choices, label = e.rationale_choices, e.rationale_label if answer == e.answer_label else None
-            out.append({"id": e.annot_id, "first": first, "label": label,
-                        "choices": [vcr_words(c, e.objects) for c in choices],
-                        "regions": regions_of(store, str(e.image_path.relative_to(root / "vcr1images")), e.image_path)})
+            out.append(
+                {
+                    "id": e.annot_id,
+                    "first": first,
+                    "label": label,
+                    "choices": [vcr_words(c, e.objects) for c in choices],
+                    "regions": regions_of(store, str(e.image_path.relative_to(root / "vcr1images")), e.image_path),
+                }
+            )
         return out
 
     def _labels(self, split: str) -> dict:
         """annot_id -> (answer, rationale) labels, read once per split (val is scored every epoch)."""
         from ..data.vcr import read_vcr
+
         cache = self.__dict__.setdefault("_label_cache", {})
         if split not in cache:
-            cache[split] = {e.annot_id: (e.answer_label, e.rationale_label)
-                            for e in read_vcr(self.data_root / "vcr" / f"{split}.jsonl")}
+            cache[split] = {
+                e.annot_id: (e.answer_label, e.rationale_label)
+                for e in read_vcr(self.data_root / "vcr" / f"{split}.jsonl")
+            }
         return cache[split]
 
     def collate(self, examples):
@@ -211,6 +241,7 @@ class VCRTask(Task):
 
     def score(self, predictions, split):
         from ..evaluation.vcr_eval import vcr_accuracy
+
         result = vcr_accuracy(self._labels(split), {p["annot_id"]: p for p in predictions})
         return {"accuracy": result["q2a" if self.name == "vcr_q2a" else "qa2r"]}
 
@@ -229,6 +260,7 @@ class RefCOCOTask(Task):
 
     def __post_init__(self):
         from ..data.refcoco import RefCOCO
+
         self.dataset = RefCOCO(self.data_root / "refcoco+")
         self.boxes = "det" if self.name == "refcoco_det" else "gt"
         self.store = open_store(self.features_dir, "refcoco+", "all", self.boxes)
@@ -245,16 +277,20 @@ class RefCOCOTask(Task):
                 else:
                     targets = torch.from_numpy((regions.box_ids == e.ann_id).astype(np.int64))
                 targets[0] = -1  # the whole image is not a candidate
-                out.append({"id": e.sent_id, "text": e.sentence, "targets": targets, "regions": regions, "split": name})
+                out.append(
+                    {"id": e.sent_id, "text": e.sentence, "targets": targets, "regions": regions, "split": name}
+                )
         return out
 
     def collate(self, examples):
         regions = [e["regions"] for e in examples]
-        batch = pad_batch([self.processor.encode(e["text"], num_rois=r.num_rois) for e, r in zip(examples, regions)],
-                          self.processor.pad_id)
+        batch = pad_batch(
+            [self.processor.encode(e["text"], num_rois=r.num_rois) for e, r in zip(examples, regions)],
+            self.processor.pad_id,
+        )
         targets = torch.full(batch["roi_positions"].shape, -1)
         for k, e in enumerate(examples):
-            targets[k, :len(e["targets"])] = e["targets"]
+            targets[k, : len(e["targets"])] = e["targets"]
         batch["roi_targets"] = targets
         batch["visual"] = self._visual(regions)
         return batch
@@ -270,16 +306,24 @@ class RefCOCOTask(Task):
 
     def score(self, predictions, split):
         from ..evaluation.refcoco_eval import refcoco_accuracy
+
         expressions = [e for name in REFCOCO_SPLITS[split] for e in self.dataset.expressions(name)]
         result = refcoco_accuracy(expressions, {p["sent_id"]: p["bbox"] for p in predictions})
         counts = result.pop("n_expressions")
         total = sum(counts.values())
-        return {"accuracy": round(sum(result[s] * counts[s] for s in counts) / total, 2),
-                **({f"accuracy_{s}": v for s, v in result.items()} if len(result) > 1 else {})}
+        return {
+            "accuracy": round(sum(result[s] * counts[s] for s in counts) / total, 2),
+            **({f"accuracy_{s}": v for s, v in result.items()} if len(result) > 1 else {}),
+        }
 
 
-TASK_CLASSES = {"vqa": VQATask, "vcr_q2a": VCRTask, "vcr_qa2r": VCRTask,
-                "refcoco_det": RefCOCOTask, "refcoco_gt": RefCOCOTask}
+TASK_CLASSES = {
+    "vqa": VQATask,
+    "vcr_q2a": VCRTask,
+    "vcr_qa2r": VCRTask,
+    "refcoco_det": RefCOCOTask,
+    "refcoco_gt": RefCOCOTask,
+}
 
 
 def build_task(name: str, processor, data_root, features_dir) -> Task:

@@ -22,7 +22,7 @@ from ..data.feature_store import ARRAYS, FeatureStore, finish_shards, plain_attr
 from ..detection.train import load_image
 from .checkpoint import file_identity
 
-TUNED_BY = "tuned_by"   # store attribute: the pre-trained checkpoint whose Fast R-CNN made the features
+TUNED_BY = "tuned_by"  # store attribute: the pre-trained checkpoint whose Fast R-CNN made the features
 # ... and its weights' identity: a checkpoint pre-trained again into the same folder is another one.
 TUNED_BY_WEIGHTS = "tuned_by_weights"
 DETECTOR_FEATURES = "the detector's Fast R-CNN (not tuned)"
@@ -41,8 +41,9 @@ def _fingerprint(source: Path, pretrained: Path, batch_size: int) -> str:
 
 
 @torch.no_grad()
-def tune_store(fast_rcnn, pretrained, source, image_paths: dict[str, Path], out, batch_size: int = 32,
-               progress: bool = True) -> dict:
+def tune_store(
+    fast_rcnn, pretrained, source, image_paths: dict[str, Path], out, batch_size: int = 32, progress: bool = True
+) -> dict:
     """Write `out`: the regions of store `source`, their features from `fast_rcnn` (in eval mode).
 
     image_paths maps each image key of the store to its file.
@@ -53,17 +54,21 @@ def tune_store(fast_rcnn, pretrained, source, image_paths: dict[str, Path], out,
     if missing:
         raise FileNotFoundError(f"{source}: no image file known for {len(missing)} images, e.g. {missing[0]!r}")
     fast_rcnn.eval()
-    batches = [store.keys[k:k + batch_size] for k in range(0, len(store.keys), batch_size)]
+    batches = [store.keys[k : k + batch_size] for k in range(0, len(store.keys), batch_size)]
     shards = shard_paths(out, _fingerprint(source, pretrained, batch_size), len(batches))
-    for keys, shard in tqdm(list(zip(batches, shards)), desc=f"tuned features {out.name}", unit="batch",
-                            disable=not progress):
+    for keys, shard in tqdm(
+        list(zip(batches, shards)), desc=f"tuned features {out.name}", unit="batch", disable=not progress
+    ):
         if shard.exists():
             continue
         items = [store[key] for key in keys]
-        features = fast_rcnn([load_image(image_paths[key]) for key in keys],
-                             [torch.from_numpy(item["boxes"]) for item in items])
-        results = [SimpleNamespace(**{name: item[name] for name in ARRAYS}, width=item["width"], height=item["height"])
-                   for item in items]
+        features = fast_rcnn(
+            [load_image(image_paths[key]) for key in keys], [torch.from_numpy(item["boxes"]) for item in items]
+        )
+        results = [
+            SimpleNamespace(**{name: item[name] for name in ARRAYS}, width=item["width"], height=item["height"])
+            for item in items
+        ]
         for result, tuned in zip(results, features):
             result.features = tuned.float().numpy()
         write_shard(shard, keys, results, [])
@@ -94,7 +99,7 @@ def check_store_features(setting, store_paths, pretrained) -> None:
     very checkpoint (the same weights). Any other store would feed the model features it never
     saw, without a word: it is refused, naming both Fast R-CNNs."""
     wanted = Path(pretrained).resolve() if setting.tune_frcnn else None
-    wanted_weights = weights_identity(wanted) if wanted is not None else None   # hashed once, not per store
+    wanted_weights = weights_identity(wanted) if wanted is not None else None  # hashed once, not per store
     for path in store_paths:
         with FeatureStore(path) as store:
             tuned_by, weights = (store.attrs.get(key) for key in (TUNED_BY, TUNED_BY_WEIGHTS))
@@ -106,11 +111,20 @@ def check_store_features(setting, store_paths, pretrained) -> None:
             # older ones by the checkpoint's path.
             if (str(weights) == wanted_weights) if weights is not None else same_path:
                 continue
-        found = DETECTOR_FEATURES if tuned_by is None else f"the tuned Fast R-CNN of {tuned_by}" + (
-            " before it was pre-trained again" if wanted is not None and same_path else "")
+        found = (
+            DETECTOR_FEATURES
+            if tuned_by is None
+            else f"the tuned Fast R-CNN of {tuned_by}"
+            + (" before it was pre-trained again" if wanted is not None and same_path else "")
+        )
         expected = DETECTOR_FEATURES if wanted is None else f"the tuned Fast R-CNN of {wanted}"
-        hint = (f"run `vlbert tune-features --pretrained {pretrained} --store <the stores of extract-rois> --out DIR`"
-                " and fine-tune with --features DIR" if wanted is not None else
-                "fine-tune with --features pointing at the stores of `vlbert extract-rois`")
-        raise DataFormatError(path, f"holds the features of {found}, but setting {setting.name!r} fine-tunes on "
-                                    f"those of {expected}: {hint}")
+        hint = (
+            f"run `vlbert tune-features --pretrained {pretrained} --store <the stores of extract-rois> --out DIR`"
+            " and fine-tune with --features DIR"
+            if wanted is not None
+            else "fine-tune with --features pointing at the stores of `vlbert extract-rois`"
+        )
+        raise DataFormatError(
+            path,
+            f"holds the features of {found}, but setting {setting.name!r} fine-tunes on those of {expected}: {hint}",
+        )

@@ -14,8 +14,13 @@ import json
 from pathlib import Path
 
 from ..data.errors import DataFormatError, read_text, require_file, require_same_ids
-from ..evaluation.vcr_eval import CHOICES, leaderboard_predictions, read_leaderboard_csv, vcr_accuracy, \
-    write_leaderboard_csv
+from ..evaluation.vcr_eval import (
+    CHOICES,
+    leaderboard_predictions,
+    read_leaderboard_csv,
+    vcr_accuracy,
+    write_leaderboard_csv,
+)
 from ..modeling import VLBertForVCR
 from ..study.registry import setting as setting_named
 from .finetune import predict
@@ -51,8 +56,11 @@ def answer_probs_of_run(run, split: str, annot_ids: list[str]) -> dict[str, list
             raise DataFormatError(path, "missing key 'annot_id'", key=f"[{k}].annot_id")
         scores = record.get("answer_probs")
         if not (isinstance(scores, list) and len(scores) == CHOICES):
-            raise DataFormatError(path, "expected four answer scores (the leaderboard takes scores, not a choice)",
-                                  key=f"[{k}].answer_probs")
+            raise DataFormatError(
+                path,
+                "expected four answer scores (the leaderboard takes scores, not a choice)",
+                key=f"[{k}].answer_probs",
+            )
         probs[record["annot_id"]] = scores
     require_same_ids(annot_ids, probs, "annot_id", path)
     return probs
@@ -67,8 +75,18 @@ def rationale_probs_after_each_answer(model, task, split: str, batch_size: int) 
     return after
 
 
-def write_vcr_submission(q2a_run, qa2r_run, split: str, out, preset: dict, data_root, features_dir, processor,
-                         pretrained=None, device: str = "cpu") -> dict:
+def write_vcr_submission(
+    q2a_run,
+    qa2r_run,
+    split: str,
+    out,
+    preset: dict,
+    data_root,
+    features_dir,
+    processor,
+    pretrained=None,
+    device: str = "cpu",
+) -> dict:
     """Write the leaderboard CSV for `split` to `out`. `features_dir` must hold the stores the QA->R
     run was fine-tuned on (for a setting that tuned Fast R-CNN, those of `vlbert tune-features`;
     `pretrained`: the checkpoint it started from, that checks them). Returns a summary, with the

@@ -38,8 +38,9 @@ def box_iou(predicted: list[float], truth: list[float], convention: str = "conti
     raise ValueError(f"unknown IoU convention {convention!r}; expected one of {', '.join(IOU_CONVENTIONS)}")
 
 
-def refcoco_accuracy(expressions, predictions: dict[int, list[float]], digits: int = 2,
-                     iou_convention: str = "continuous", source=None) -> dict:
+def refcoco_accuracy(
+    expressions, predictions: dict[int, list[float]], digits: int = 2, iou_convention: str = "continuous", source=None
+) -> dict:
     """expressions: RefExpression records (any splits); predictions: sent_id -> predicted [x, y, w, h].
 
     Returns accuracy in percent per split, for the splits that have predictions; each of those
@@ -57,5 +58,6 @@ def refcoco_accuracy(expressions, predictions: dict[int, list[float]], digits: i
         hits[expression.split].append(box_iou(box, expression.bbox, iou_convention) >= IOU_THRESHOLD)
     if not hits:
         raise ValueError("no predictions")
-    return {split: round(100 * sum(h) / len(h), digits) for split, h in sorted(hits.items())} | \
-        {"n_expressions": {split: len(h) for split, h in sorted(hits.items())}}
+    return {split: round(100 * sum(h) / len(h), digits) for split, h in sorted(hits.items())} | {
+        "n_expressions": {split: len(h) for split, h in sorted(hits.items())}
+    }

@@ -20,8 +20,11 @@ from pathlib import Path
 from ..data.errors import DataFormatError, read_text, require_file, require_same_ids
 
 CHOICES = 4
-LEADERBOARD_COLUMNS = (["annot_id"] + [f"answer_{j}" for j in range(CHOICES)]
-                       + [f"rationale_conditioned_on_a{i}_{j}" for i in range(CHOICES) for j in range(CHOICES)])
+LEADERBOARD_COLUMNS = (
+    ["annot_id"]
+    + [f"answer_{j}" for j in range(CHOICES)]
+    + [f"rationale_conditioned_on_a{i}_{j}" for i in range(CHOICES) for j in range(CHOICES)]
+)
 
 
 def _choice(prediction: dict, key: str):
@@ -53,9 +56,11 @@ def vcr_choices(labels: dict, predictions: dict[str, dict], source=None) -> dict
         if len(without) == len(labels):
             continue
         if without:
-            _refuse(f"{key}: given for {len(labels) - len(without)} of the {len(labels)} questions, not for annot_id "
-                    f"{without[0]!r} and {len(without) - 1} more: give `{key}` or `{key}_probs` for every question",
-                    source)
+            _refuse(
+                f"{key}: given for {len(labels) - len(without)} of the {len(labels)} questions, not for annot_id "
+                f"{without[0]!r} and {len(without) - 1} more: give `{key}` or `{key}_probs` for every question",
+                source,
+            )
         chosen[key] = choices
     if not chosen:
         _refuse("no predictions: give `answer` and/or `rationale` (or their `_probs`) per annot_id", source)
@@ -66,11 +71,15 @@ def vcr_accuracy(labels: dict[str, tuple[int, int]], predictions: dict[str, dict
     """labels: annot_id -> (answer_label, rationale_label); predictions: annot_id -> {answer, rationale}
     for exactly the labelled questions (see vcr_choices). Q->AR needs both."""
     chosen = vcr_choices(labels, predictions, source)
-    right = {key: {a: choice == labels[a][index] for a, choice in chosen[key].items()}
-             for index, key in enumerate(("answer", "rationale")) if key in chosen}
+    right = {
+        key: {a: choice == labels[a][index] for a, choice in chosen[key].items()}
+        for index, key in enumerate(("answer", "rationale"))
+        if key in chosen
+    }
     pct = lambda hits: round(100 * sum(hits) / len(labels), 2)
-    result = {name: pct(right[key].values())
-              for name, key in (("q2a", "answer"), ("qa2r", "rationale")) if key in right}
+    result = {
+        name: pct(right[key].values()) for name, key in (("q2a", "answer"), ("qa2r", "rationale")) if key in right
+    }
     if len(right) == 2:
         result["q2ar"] = pct(right["answer"][a] and right["rationale"][a] for a in labels)
     result["n_questions"] = len(labels)
@@ -79,8 +88,10 @@ def vcr_accuracy(labels: dict[str, tuple[int, int]], predictions: dict[str, dict
 
 # ---- the leaderboard's CSV -------------------------------------------------------------------
 
-def write_leaderboard_csv(path, annot_ids: list[str], answer_probs: dict[str, list[float]],
-                          rationale_probs: dict[str, list[list[float]]]) -> Path:
+
+def write_leaderboard_csv(
+    path, annot_ids: list[str], answer_probs: dict[str, list[float]], rationale_probs: dict[str, list[list[float]]]
+) -> Path:
     """One row per annot_id, in the given order: its four answer scores, then its rationale scores
     after each answer i (rationale_probs[annot_id][i][j])."""
     from .. import io
@@ -106,9 +117,12 @@ def read_leaderboard_csv(path) -> dict[str, dict]:
     header = next(reader, None)
     if header is None or set(header) != set(LEADERBOARD_COLUMNS) or len(header) != len(LEADERBOARD_COLUMNS):
         missing = sorted(set(LEADERBOARD_COLUMNS) - set(header or []))
-        raise DataFormatError(path, "not a VCR leaderboard CSV: the header must be annot_id, answer_0..3 and "
-                                    "rationale_conditioned_on_a{i}_{j}" + (f" (missing {', '.join(missing[:3])})"
-                                                                           if missing else ""), 1)
+        raise DataFormatError(
+            path,
+            "not a VCR leaderboard CSV: the header must be annot_id, answer_0..3 and "
+            "rationale_conditioned_on_a{i}_{j}" + (f" (missing {', '.join(missing[:3])})" if missing else ""),
+            1,
+        )
     column = {name: k for k, name in enumerate(header)}
     out = {}
     for line, row in enumerate(reader, 2):
@@ -118,8 +132,10 @@ def read_leaderboard_csv(path) -> dict[str, dict]:
             value = lambda name: float(row[column[name]])
             out[row[column["annot_id"]]] = {
                 "answer_probs": [value(f"answer_{j}") for j in range(CHOICES)],
-                "rationale_probs_after": [[value(f"rationale_conditioned_on_a{i}_{j}") for j in range(CHOICES)]
-                                          for i in range(CHOICES)]}
+                "rationale_probs_after": [
+                    [value(f"rationale_conditioned_on_a{i}_{j}") for j in range(CHOICES)] for i in range(CHOICES)
+                ],
+            }
         except ValueError as exc:
             raise DataFormatError(path, f"not a number: {exc}", line) from None
     return out
@@ -128,7 +144,10 @@ def read_leaderboard_csv(path) -> dict[str, dict]:
 def leaderboard_predictions(rows: dict[str, dict], labels: dict[str, tuple[int, int]]) -> dict[str, dict]:
     """What the leaderboard scores in a CSV: the answer scores, and the rationale scores after the
     right answer. Questions the labels do not have are kept as they are (refused when scored)."""
-    return {annot_id: {"answer_probs": row["answer_probs"],
-                       **({"rationale_probs": row["rationale_probs_after"][labels[annot_id][0]]}
-                          if annot_id in labels else {})}
-            for annot_id, row in rows.items()}
+    return {
+        annot_id: {
+            "answer_probs": row["answer_probs"],
+            **({"rationale_probs": row["rationale_probs_after"][labels[annot_id][0]]} if annot_id in labels else {}),
+        }
+        for annot_id, row in rows.items()
+    }

@@ -26,10 +26,20 @@ class VLBertConfig(BertConfig):
 
     model_type = "vlbert"
 
-    def __init__(self, visual_feature_dim: int = 128, geometry_wavelengths: int = 8,
-                 num_visual_classes: int = 7, num_answers: int = 0, frcnn: dict | None = None,
-                 tune_frcnn: bool = False, img_token_id: int = 1, end_token_id: int = 2,
-                 type_vocab_size: int = 3, visual_scale_text_init: float = 0.0, **kwargs):
+    def __init__(
+        self,
+        visual_feature_dim: int = 128,
+        geometry_wavelengths: int = 8,
+        num_visual_classes: int = 7,
+        num_answers: int = 0,
+        frcnn: dict | None = None,
+        tune_frcnn: bool = False,
+        img_token_id: int = 1,
+        end_token_id: int = 2,
+        type_vocab_size: int = 3,
+        visual_scale_text_init: float = 0.0,
+        **kwargs,
+    ):
         kwargs.setdefault("attn_implementation", "sdpa")
         # Checkpoints written before the models were transformers PreTrainedModels name their class
         # in "architecture"; transformers reads "architectures". They load as they are.

@@ -69,27 +69,36 @@ class FastRCNN(nn.Module):
 
     def load_detector_state(self, state: dict, source: str = "detector") -> None:
         """Take the backbone and C5 head from a Faster R-CNN state dict (vlbert.detection.model)."""
-        picked = {f"backbone.{k[len('backbone.'):]}": v for k, v in state.items() if k.startswith("backbone.")}
-        picked |= {f"head.{k[len('roi_heads.box_head.'):]}": v for k, v in state.items()
-                   if k.startswith("roi_heads.box_head.")}
+        picked = {f"backbone.{k[len('backbone.') :]}": v for k, v in state.items() if k.startswith("backbone.")}
+        picked |= {
+            f"head.{k[len('roi_heads.box_head.') :]}": v
+            for k, v in state.items()
+            if k.startswith("roi_heads.box_head.")
+        }
         missing, unexpected = self.load_state_dict(picked, strict=False)
         missing = [k for k in missing if not k.startswith(("transform.", "roi_align."))]
         if missing or unexpected:
-            raise ValueError(f"{source}: detector weights do not fit the Fast R-CNN module "
-                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise ValueError(
+                f"{source}: detector weights do not fit the Fast R-CNN module "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
 
-    def forward(self, images: list[torch.Tensor], boxes: list[torch.Tensor],
-                masked: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def forward(
+        self, images: list[torch.Tensor], boxes: list[torch.Tensor], masked: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         """images: float RGB [3, H, W] in [0, 1]; boxes: per image [R_i, 4] x1y1x2y2 in its pixels;
         masked: per image [R_i] bool, the RoIs whose pixels are zeroed. Returns per image [R_i, D]."""
         if masked is not None:
-            images = [zero_boxes(image, b[m]) if bool(m.any()) else image
-                      for image, b, m in zip(images, boxes, masked)]
+            images = [
+                zero_boxes(image, b[m]) if bool(m.any()) else image for image, b, m in zip(images, boxes, masked)
+            ]
         with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
             image_list, _ = self.transform(images)
             features = OrderedDict([("0", self.backbone(image_list.tensors)["0"])])
-            scaled = [b * torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=b.device)
-                      for b, r, i in zip(boxes, image_list.image_sizes, images)]
+            scaled = [
+                b * torch.tensor([r[1] / i.shape[2], r[0] / i.shape[1]] * 2, device=b.device)
+                for b, r, i in zip(boxes, image_list.image_sizes, images)
+            ]
             pooled = self.roi_align(features, scaled, image_list.image_sizes)
             out = self.head(pooled)
         return list(out.split([len(b) for b in boxes]))

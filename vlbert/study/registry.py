@@ -12,25 +12,28 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Setting:
     name: str
-    mlm_visual: bool          # masked language modelling with visual clues
-    masked_roi: bool          # masked RoI classification with linguistic clues
-    sentence_image: bool      # sentence-image relationship prediction
-    text_corpus: bool         # text-only corpus mixed in 1:1 per batch
-    tune_frcnn: bool          # the Fast R-CNN receives gradients
+    mlm_visual: bool  # masked language modelling with visual clues
+    masked_roi: bool  # masked RoI classification with linguistic clues
+    sentence_image: bool  # sentence-image relationship prediction
+    text_corpus: bool  # text-only corpus mixed in 1:1 per batch
+    tune_frcnn: bool  # the Fast R-CNN receives gradients
 
     @property
     def pretrains(self) -> bool:
         return self.mlm_visual
 
 
-SETTINGS = {s.name: s for s in (
-    Setting("no_pretrain", False, False, False, False, False),
-    Setting("a", True, False, False, False, False),
-    Setting("b", True, True, False, False, False),
-    Setting("c", True, True, True, False, False),
-    Setting("d", True, True, False, True, False),
-    Setting("full", True, True, False, True, True),
-)}
+SETTINGS = {
+    s.name: s
+    for s in (
+        Setting("no_pretrain", False, False, False, False, False),
+        Setting("a", True, False, False, False, False),
+        Setting("b", True, True, False, False, False),
+        Setting("c", True, True, True, False, False),
+        Setting("d", True, True, False, True, False),
+        Setting("full", True, True, False, True, True),
+    )
+}
 
 # Fine-tuning tasks. The first four are Table 4's columns; refcoco_gt is the ground-truth-box
 # track. vcr_q2ar is derived from a (vcr_q2a, vcr_qa2r) pair, never trained.

@@ -25,9 +25,17 @@ from .registry import SETTINGS, TABLE4_TASKS  # noqa: E402
 
 # Which split each Table 4 column reports (the paper's: VCR val, VQA test-dev, RefCOCO+ val).
 TABLE4_SPLIT = {"vcr_q2a": "val", "vcr_qa2r": "val", "vqa": "test", "refcoco_det": "val"}
-TASK_NAMES = {"vcr_q2a": "VCR Q->A", "vcr_qa2r": "VCR QA->R", "vqa": "VQA", "refcoco_det": "RefCOCO+ det",
-              "refcoco_gt": "RefCOCO+ gt", "vcr_q2ar": "VCR Q->AR"}
-TASK_TITLES = {t: f"{name} ({'test-dev' if TABLE4_SPLIT.get(t) == 'test' else 'val'})" for t, name in TASK_NAMES.items()}
+TASK_NAMES = {
+    "vcr_q2a": "VCR Q->A",
+    "vcr_qa2r": "VCR QA->R",
+    "vqa": "VQA",
+    "refcoco_det": "RefCOCO+ det",
+    "refcoco_gt": "RefCOCO+ gt",
+    "vcr_q2ar": "VCR Q->AR",
+}
+TASK_TITLES = {
+    t: f"{name} ({'test-dev' if TABLE4_SPLIT.get(t) == 'test' else 'val'})" for t, name in TASK_NAMES.items()
+}
 # What pre-training's validation logs (vlbert.engine.pretrain): masked words right with each caption's
 # own image and with another's, on the same masks, and their difference.
 PRETRAINING_METRICS = ("mlm_accuracy", "mlm_accuracy_other_image", "visual_clue_gain")
@@ -51,9 +59,11 @@ def paper_numbers() -> dict:
 
 # ---- reading MLflow --------------------------------------------------------------------------
 
+
 def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
     """Every run of the study, a row each: ids, tags, status and final metrics."""
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -61,17 +71,27 @@ def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
     rows = []
     for run in client.search_runs([found.experiment_id], max_results=50000):
         tags, metrics = run.data.tags, run.data.metrics
-        rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name, "status": run.info.status,
-                     "stage": tags.get("stage"), "setting": tags.get("setting"), "task": tags.get("task"),
-                     "seed": int(tags["seed"]) if tags.get("seed") not in (None, "") else None,
-                     "lr": float(tags["lr"]) if tags.get("lr") not in (None, "") else None,
-                     "parent_run_id": tags.get("mlflow.parentRunId"), "git_commit": tags.get("git_commit"),
-                     "ended": tags.get("vlbert.ended"),   # why a run was ended from outside (killed, not continued)
-                     "val_accuracy": metrics.get("final_val_accuracy"),
-                     "test_accuracy": metrics.get("final_test_accuracy"),
-                     "best_epoch": metrics.get("best_epoch"), "artifact_uri": run.info.artifact_uri,
-                     **{name: metrics.get(f"val_{name}") for name in PRETRAINING_METRICS},
-                     **{k[len("val_"):]: v for k, v in metrics.items() if k.startswith(GROUNDING_PREFIXES)}})
+        rows.append(
+            {
+                "run_id": run.info.run_id,
+                "run_name": run.info.run_name,
+                "status": run.info.status,
+                "stage": tags.get("stage"),
+                "setting": tags.get("setting"),
+                "task": tags.get("task"),
+                "seed": int(tags["seed"]) if tags.get("seed") not in (None, "") else None,
+                "lr": float(tags["lr"]) if tags.get("lr") not in (None, "") else None,
+                "parent_run_id": tags.get("mlflow.parentRunId"),
+                "git_commit": tags.get("git_commit"),
+                "ended": tags.get("vlbert.ended"),  # why a run was ended from outside (killed, not continued)
+                "val_accuracy": metrics.get("final_val_accuracy"),
+                "test_accuracy": metrics.get("final_test_accuracy"),
+                "best_epoch": metrics.get("best_epoch"),
+                "artifact_uri": run.info.artifact_uri,
+                **{name: metrics.get(f"val_{name}") for name in PRETRAINING_METRICS},
+                **{k[len("val_") :]: v for k, v in metrics.items() if k.startswith(GROUNDING_PREFIXES)},
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -91,21 +111,30 @@ def latest_results(runs: pd.DataFrame, stage: str) -> tuple[pd.DataFrame, list[s
     choice rests on: a run that did not finish, or a newer run that left no results."""
     staged = runs[runs["stage"] == stage]
     keys = ["setting", "task", "seed"]
-    chosen = staged[staged[RESULT_COLUMNS[stage]].notna().any(axis=1)].drop_duplicates(keys)  # search_runs: newest first
-    notes = [f"{_what(run)}: run {run['run_id']} did not finish (status {run['status']}"
-             + (f": {run['ended']}" if isinstance(run.get("ended"), str) else "") + "); its figures are used"
-             for _, run in chosen.iterrows() if run["status"] != "FINISHED"]
+    chosen = staged[staged[RESULT_COLUMNS[stage]].notna().any(axis=1)].drop_duplicates(
+        keys
+    )  # search_runs: newest first
+    notes = [
+        f"{_what(run)}: run {run['run_id']} did not finish (status {run['status']}"
+        + (f": {run['ended']}" if isinstance(run.get("ended"), str) else "")
+        + "); its figures are used"
+        for _, run in chosen.iterrows()
+        if run["status"] != "FINISHED"
+    ]
     used = {_what(run): run["run_id"] for _, run in chosen.iterrows()}
     for _, run in staged.drop_duplicates(keys).iterrows():
         older = used.get(_what(run))
         if older is not None and older != run["run_id"]:
-            notes.append(f"{_what(run)}: its newest run {run['run_id']} (status {run['status']}) has no results; "
-                         f"the figures come from the older run {older}")
+            notes.append(
+                f"{_what(run)}: its newest run {run['run_id']} (status {run['status']}) has no results; "
+                f"the figures come from the older run {older}"
+            )
     return chosen, notes
 
 
 def vcr_labels(jsonl_path) -> dict:
     from ..data.vcr import read_vcr
+
     return {e.annot_id: (e.answer_label, e.rationale_label) for e in read_vcr(jsonl_path)}
 
 
@@ -114,22 +143,32 @@ def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "v
     import mlflow.artifacts
 
     from ..evaluation.vcr_eval import vcr_accuracy
+
     rows = []
     q2a = finetunes[finetunes["task"] == "vcr_q2a"].set_index(["setting", "seed"])
     qa2r = finetunes[finetunes["task"] == "vcr_qa2r"].set_index(["setting", "seed"])
     for key in q2a.index.intersection(qa2r.index):
         predictions = {}
         for frame in (q2a, qa2r):
-            path = mlflow.artifacts.download_artifacts(run_id=frame.loc[key, "run_id"],
-                                                       artifact_path=f"predictions_{split}.json", tracking_uri=uri)
+            path = mlflow.artifacts.download_artifacts(
+                run_id=frame.loc[key, "run_id"], artifact_path=f"predictions_{split}.json", tracking_uri=uri
+            )
             for p in json.loads(Path(path).read_text()):
                 predictions.setdefault(p["annot_id"], {}).update(p)
-        rows.append({"setting": key[0], "seed": key[1], "task": "vcr_q2ar", "stage": "derived",
-                     f"{split}_accuracy": vcr_accuracy(labels, predictions)["q2ar"]})
+        rows.append(
+            {
+                "setting": key[0],
+                "seed": key[1],
+                "task": "vcr_q2ar",
+                "stage": "derived",
+                f"{split}_accuracy": vcr_accuracy(labels, predictions)["q2ar"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # ---- tables ----------------------------------------------------------------------------------
+
 
 def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
     """Rows: settings; per task: mean, std and n over seeds of the Table 4 metric."""
@@ -138,9 +177,10 @@ def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
         row = {"setting": setting}
         for task in TABLE4_TASKS:
             values = finetunes[(finetunes["setting"] == setting) & (finetunes["task"] == task)][
-                f"{TABLE4_SPLIT[task]}_accuracy"].dropna()
+                f"{TABLE4_SPLIT[task]}_accuracy"
+            ].dropna()
             row[f"{task}_mean"] = values.mean() if len(values) else math.nan
-            row[f"{task}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan   # one seed: no spread
+            row[f"{task}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan  # one seed: no spread
             row[f"{task}_n"] = len(values)
         records.append(row)
     return pd.DataFrame(records).set_index("setting")
@@ -161,8 +201,10 @@ def _cell(mean, std, n, seeds: int = 0) -> str:
 
 def _cells(table: pd.DataFrame, setting: str) -> list[str]:
     seeds = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
-    return [_cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"], table.loc[setting, f"{t}_n"], seeds)
-            for t in TABLE4_TASKS]
+    return [
+        _cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"], table.loc[setting, f"{t}_n"], seeds)
+        for t in TABLE4_TASKS
+    ]
 
 
 def table_warnings(table: pd.DataFrame) -> list[str]:
@@ -192,30 +234,49 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
         ours = _cells(table, setting)
         theirs = [f"{v:.1f}" for v in published["rows"][setting]]
         lines.append("| " + " | ".join([setting] + ours + theirs) + " |")
-        csv_rows.append({"setting": setting, **{f"{t}_{k}": table.loc[setting, f"{t}_{k}"] for t in TABLE4_TASKS
-                                                for k in ("mean", "std", "n")},
-                         **{f"paper_{t}": v for t, v in zip(TABLE4_TASKS, published["rows"][setting])}})
+        csv_rows.append(
+            {
+                "setting": setting,
+                **{f"{t}_{k}": table.loc[setting, f"{t}_{k}"] for t in TABLE4_TASKS for k in ("mean", "std", "n")},
+                **{f"paper_{t}": v for t, v in zip(TABLE4_TASKS, published["rows"][setting])},
+            }
+        )
     n = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
-    note = (f"\nOurs: mean ± standard deviation over seeds (up to {n} per cell), accuracy in percent. "
-            f"Paper: ICLR 2020 Table 4, VL-BERT_BASE.")
+    note = (
+        f"\nOurs: mean ± standard deviation over seeds (up to {n} per cell), accuracy in percent. "
+        f"Paper: ICLR 2020 Table 4, VL-BERT_BASE."
+    )
     shown = " ".join(" ".join(_cells(table, s)) for s in SETTINGS)
     if MISSING in shown:
         note += f" {MISSING} no run with results for this setting and task."
     if "(n=" in shown:
         note += " (n=k): only k seeds, (n=1) a single one, which has no spread."
     if marker:
-        note += (" † The paper's Table 4 numbers are recalled, not confirmed from the paper's text "
-                 "(the seed documents show the table only as an image); its findings are stated in the text.")
+        note += (
+            " † The paper's Table 4 numbers are recalled, not confirmed from the paper's text "
+            "(the seed documents show the table only as an image); its findings are stated in the text."
+        )
     if notes:
         note += "\n\nNotes on the runs behind these figures:\n\n" + "\n".join(f"- {line}" for line in notes)
     io.write_text(out / "table4.md", "# Table 4: pre-training ablation\n\n" + "\n".join(lines) + "\n" + note + "\n")
     pd.DataFrame(csv_rows).to_csv(out / "table4.csv", index=False)
-    tex = ["\\begin{tabular}{l" + "c" * (2 * len(TABLE4_TASKS)) + "}", "\\toprule",
-           "setting & " + " & ".join(TASK_TITLES[t].replace(">", "$>$") for t in TABLE4_TASKS) + " & "
-           + " & ".join(f"paper {i + 1}" for i in range(len(TABLE4_TASKS))) + " \\\\", "\\midrule"]
+    tex = [
+        "\\begin{tabular}{l" + "c" * (2 * len(TABLE4_TASKS)) + "}",
+        "\\toprule",
+        "setting & "
+        + " & ".join(TASK_TITLES[t].replace(">", "$>$") for t in TABLE4_TASKS)
+        + " & "
+        + " & ".join(f"paper {i + 1}" for i in range(len(TABLE4_TASKS)))
+        + " \\\\",
+        "\\midrule",
+    ]
     for setting in SETTINGS:
         ours = [c.replace("±", "$\\pm$").replace(MISSING, "---") for c in _cells(table, setting)]
-        tex.append(f"{setting.replace('_', chr(92) + '_')} & " + " & ".join(ours + [f"{v:.1f}" for v in published["rows"][setting]]) + " \\\\")
+        tex.append(
+            f"{setting.replace('_', chr(92) + '_')} & "
+            + " & ".join(ours + [f"{v:.1f}" for v in published["rows"][setting]])
+            + " \\\\"
+        )
     tex += ["\\bottomrule", "\\end{tabular}"]
     io.write_text(out / "table4.tex", "\n".join(tex) + "\n")
 
@@ -233,11 +294,18 @@ def findings(table: pd.DataFrame, paper: dict) -> list[dict]:
         for task in finding["tasks"]:
             delta = table.loc[x, f"{task}_mean"] - table.loc[y, f"{task}_mean"]
             spreads = (table.loc[x, f"{task}_std"], table.loc[y, f"{task}_std"])
-            spread = math.nan if any(map(math.isnan, spreads)) else max(spreads)   # one seed on a side: unknown
+            spread = math.nan if any(map(math.isnan, spreads)) else max(spreads)  # one seed on a side: unknown
             missing = [s for s in (x, y) if table.loc[s, f"{task}_n"] == 0]
-            per_task.append({"task": task, "delta": delta, "spread": spread, "missing": missing,
-                             "agrees": None if missing else bool(delta * sign > 0),
-                             "beyond_spread": None if missing or math.isnan(spread) else bool(abs(delta) > spread)})
+            per_task.append(
+                {
+                    "task": task,
+                    "delta": delta,
+                    "spread": spread,
+                    "missing": missing,
+                    "agrees": None if missing else bool(delta * sign > 0),
+                    "beyond_spread": None if missing or math.isnan(spread) else bool(abs(delta) > spread),
+                }
+            )
         measured = [t for t in per_task if t["agrees"] is not None]
         largest = finding.get("largest_on")
         largest_ok = None
@@ -250,24 +318,40 @@ def findings(table: pd.DataFrame, paper: dict) -> list[dict]:
             verdict = "no data"
         else:
             verdict = "agrees"
-        out.append({"id": finding["id"], "text": FINDING_TEXT.get(finding["id"], finding["id"]), "compare": [x, y],
-                    "sign": finding["sign"], "tasks": per_task, "verdict": verdict,
-                    "agrees": {"agrees": True, "does not agree": False}.get(verdict),
-                    "beyond_spread": bool(measured) and all(t["beyond_spread"] is True for t in measured),
-                    "largest_on": largest, "largest_ok": largest_ok})
+        out.append(
+            {
+                "id": finding["id"],
+                "text": FINDING_TEXT.get(finding["id"], finding["id"]),
+                "compare": [x, y],
+                "sign": finding["sign"],
+                "tasks": per_task,
+                "verdict": verdict,
+                "agrees": {"agrees": True, "does not agree": False}.get(verdict),
+                "beyond_spread": bool(measured) and all(t["beyond_spread"] is True for t in measured),
+                "largest_on": largest,
+                "largest_ok": largest_ok,
+            }
+        )
     return out
 
 
 def write_findings(results: list[dict], out: Path) -> None:
-    lines = ["# The paper's findings, checked on this run", "",
-             "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* "
-             "when larger than the larger of the two settings' seed standard deviations.", ""]
+    lines = [
+        "# The paper's findings, checked on this run",
+        "",
+        "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* "
+        "when larger than the larger of the two settings' seed standard deviations.",
+        "",
+    ]
     agree = sum(r["verdict"] == "agrees" for r in results)
     no_data = sum(r["verdict"] == "no data" for r in results)
     separated = sum(any(t["beyond_spread"] for t in r["tasks"]) for r in results if r["verdict"] == "agrees")
-    lines += [f"This run agrees with {agree} of {len(results)} findings"
-              + (f"; {no_data} have no data (a setting or task without runs)" if no_data else "")
-              + f". In {separated} of the agreeing ones at least one task's delta is beyond the seed spread.", ""]
+    lines += [
+        f"This run agrees with {agree} of {len(results)} findings"
+        + (f"; {no_data} have no data (a setting or task without runs)" if no_data else "")
+        + f". In {separated} of the agreeing ones at least one task's delta is beyond the seed spread.",
+        "",
+    ]
     for r in results:
         lines.append(f"## {r['text']}: {r['verdict']}")
         lines.append("")
@@ -279,7 +363,9 @@ def write_findings(results: list[dict], out: Path) -> None:
                 continue
             spread = "n/a (n=1)" if math.isnan(t["spread"]) else f"{t['spread']:.2f}"
             beyond = "n/a" if t["beyond_spread"] is None else "yes" if t["beyond_spread"] else "no"
-            lines.append(f"| {t['task']} | {t['delta']:+.2f} | {spread} | {'yes' if t['agrees'] else 'no'} | {beyond} |")
+            lines.append(
+                f"| {t['task']} | {t['delta']:+.2f} | {spread} | {'yes' if t['agrees'] else 'no'} | {beyond} |"
+            )
         gaps = [f"{t['task']} ({' and '.join(t['missing'])})" for t in r["tasks"] if t["missing"]]
         if gaps:
             measured = [t for t in r["tasks"] if t["agrees"] is not None]
@@ -287,14 +373,17 @@ def write_findings(results: list[dict], out: Path) -> None:
             lines += ["", f"No runs with results for: {', '.join(gaps)}{agreeing}."]
         if r["largest_on"] and r["largest_ok"] is not None:
             lines.append("")
-            lines.append(f"The paper says the gain is largest on {r['largest_on'].upper()}: "
-                         f"{'so it is here' if r['largest_ok'] else 'not so here'}.")
+            lines.append(
+                f"The paper says the gain is largest on {r['largest_on'].upper()}: "
+                f"{'so it is here' if r['largest_ok'] else 'not so here'}."
+            )
         lines.append("")
     io.write_text(out / "findings.md", "\n".join(lines))
     io.write_json(out / "findings.json", results, indent=2)
 
 
 # ---- figures ---------------------------------------------------------------------------------
+
 
 def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
     settings = list(SETTINGS)
@@ -325,8 +414,9 @@ def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
 
 def figure_heatmap(table: pd.DataFrame, paper: dict, path: Path) -> None:
     settings = [s for s in SETTINGS if s != "no_pretrain"]
-    ours = np.array([[table.loc[s, f"{t}_mean"] - table.loc["no_pretrain", f"{t}_mean"] for t in TABLE4_TASKS]
-                     for s in settings])
+    ours = np.array(
+        [[table.loc[s, f"{t}_mean"] - table.loc["no_pretrain", f"{t}_mean"] for t in TABLE4_TASKS] for s in settings]
+    )
     rows = paper["ablation_table4"]["rows"]
     theirs = np.array([[rows[s][k] - rows["no_pretrain"][k] for k in range(len(TABLE4_TASKS))] for s in settings])
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
@@ -376,29 +466,44 @@ def write_pretraining(runs: pd.DataFrame, out: Path, notes: list[str] = ()) -> N
     """pretraining.md: each setting's masked words right on the val captions, with their own image
     and with another caption's, and the difference (how much the model reads the image). `notes`:
     what the figures rest on (runs that did not finish)."""
-    lines = ["| setting | masked words right (%) | with another caption's image (%) | visual clue gain (points) |",
-             "|---|---|---|---|"]
+    lines = [
+        "| setting | masked words right (%) | with another caption's image (%) | visual clue gain (points) |",
+        "|---|---|---|---|",
+    ]
     for _, run in latest_pretraining(runs).iterrows():
         cells = ["-" if run.get(k) is None or pd.isna(run.get(k)) else f"{run[k]:.1f}" for k in PRETRAINING_METRICS]
         lines.append(f"| {run['setting']} | " + " | ".join(cells) + " |")
-    note = ("\nLast epoch of pre-training, on the val captions with fixed masks. The same masked words are "
-            "scored twice: with each caption's own image, and with the image of another caption that has as "
-            "many regions. A gain near 0 means the model fills the masks from the words alone: whatever else "
-            "pre-training taught it, it has not learnt to read the image.\n")
+    note = (
+        "\nLast epoch of pre-training, on the val captions with fixed masks. The same masked words are "
+        "scored twice: with each caption's own image, and with the image of another caption that has as "
+        "many regions. A gain near 0 means the model fills the masks from the words alone: whatever else "
+        "pre-training taught it, it has not learnt to read the image.\n"
+    )
     if notes:
         note += "\nNotes on the runs behind these figures:\n\n" + "\n".join(f"- {line}" for line in notes) + "\n"
-    grounding = ["## Per word kind", "",
-                 "Per kind of word (colour, shape, size), every word of that kind in a val caption (up to the "
-                 "first 300 captions) is masked at once and chosen among the kind's words only, with the caption's own "
-                 "image and with the other caption's image as above. No other mention of the kind is left to "
-                 "copy and the grammar does not tell which word of the kind it is: only the image does. Chance: "
-                 "one in the kind's words. Below each table: the attention probability mass of those masked "
-                 "words on the [IMG] elements, with the own image, against the mass uniform attention would "
-                 "put there.", ""]
+    grounding = [
+        "## Per word kind",
+        "",
+        "Per kind of word (colour, shape, size), every word of that kind in a val caption (up to the "
+        "first 300 captions) is masked at once and chosen among the kind's words only, with the caption's own "
+        "image and with the other caption's image as above. No other mention of the kind is left to "
+        "copy and the grammar does not tell which word of the kind it is: only the image does. Chance: "
+        "one in the kind's words. Below each table: the attention probability mass of those masked "
+        "words on the [IMG] elements, with the own image, against the mass uniform attention would "
+        "put there.",
+        "",
+    ]
     for _, run in latest_pretraining(runs).iterrows():
         grounding += [f"### {run['setting']}", "", *grounding_lines(run), ""]
-    io.write_text(out / "pretraining.md", "# Pre-training: do the masked words use the image?\n\n"
-                  + "\n".join(lines) + "\n" + note + "\n" + "\n".join(grounding))
+    io.write_text(
+        out / "pretraining.md",
+        "# Pre-training: do the masked words use the image?\n\n"
+        + "\n".join(lines)
+        + "\n"
+        + note
+        + "\n"
+        + "\n".join(grounding),
+    )
 
 
 def _value(run, key):
@@ -420,13 +525,17 @@ def grounding_lines(run) -> list[str]:
         layers = []
         while (layer := _value(run, f"attention_img_share_layer{len(layers)}")) is not None:
             layers.append(layer)
-        lines += ["", f"Attention on [IMG] (own image, mean over layers and heads): {share:.3f}, uniform "
-                      f"{uniform:.3f}; per layer: " + ", ".join(f"{v:.3f}" for v in layers) + "."]
+        lines += [
+            "",
+            f"Attention on [IMG] (own image, mean over layers and heads): {share:.3f}, uniform "
+            f"{uniform:.3f}; per layer: " + ", ".join(f"{v:.3f}" for v in layers) + ".",
+        ]
     return lines
 
 
 def figure_pretraining(uri: str, runs: pd.DataFrame, path: Path) -> None:
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
     fig, (loss_ax, gain_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for _, run in latest_pretraining(runs).iterrows():
@@ -461,6 +570,7 @@ def figure_grounding(uri: str, runs: pd.DataFrame, path: Path) -> None:
     """Learning dynamics of grounding: per epoch and setting, each word kind's own-minus-other gain,
     and the masked words' attention share on [IMG] against its uniform share (dashed)."""
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
     fig, axes = plt.subplots(1, len(GROUNDING_KINDS) + 1, figsize=(4 * (len(GROUNDING_KINDS) + 1), 3.8))
     for _, run in latest_pretraining(runs).iterrows():
@@ -472,7 +582,9 @@ def figure_grounding(uri: str, runs: pd.DataFrame, path: Path) -> None:
         epochs, values = _per_epoch(client, run["run_id"], "val_attention_img_share")
         if epochs:
             axes[-1].plot(epochs, values, marker="o", color=colour, label=run["setting"])
-            axes[-1].plot(*_per_epoch(client, run["run_id"], "val_attention_img_uniform"), linestyle="--", color=colour)
+            axes[-1].plot(
+                *_per_epoch(client, run["run_id"], "val_attention_img_uniform"), linestyle="--", color=colour
+            )
     for ax, kind in zip(axes, GROUNDING_KINDS):
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_title(f"{kind} words: own image minus another's")
@@ -492,14 +604,16 @@ def figure_grounding(uri: str, runs: pd.DataFrame, path: Path) -> None:
 # ---- the RoI detector ------------------------------------------------------------------------
 
 GROUND_TRUTH_CHECKS = {"class": "class right (%)", "shape": "shape right (%)", "colour": "colour right (%)"}
-SIZE_ROWS = ("small", "medium", "large")   # metrics.json sorts its keys: the table orders them back
+SIZE_ROWS = ("small", "medium", "large")  # metrics.json sorts its keys: the table orders them back
 
 
 def ground_truth_table(accuracy: dict) -> list[str]:
     """Markdown rows: per size group, its ground-truth boxes and the shares the box head names right."""
     checks = [k for k in GROUND_TRUTH_CHECKS if k in accuracy["all"]]
-    lines = ["| size | boxes | " + " | ".join(GROUND_TRUTH_CHECKS[k] for k in checks) + " |",
-             "|---|---|" + "---|" * len(checks)]
+    lines = [
+        "| size | boxes | " + " | ".join(GROUND_TRUTH_CHECKS[k] for k in checks) + " |",
+        "|---|---|" + "---|" * len(checks),
+    ]
     groups = sorted(accuracy["by_size"], key=lambda g: (SIZE_ROWS.index(g) if g in SIZE_ROWS else len(SIZE_ROWS), g))
     for group, counts in [*((g, accuracy["by_size"][g]) for g in groups), ("all", accuracy["all"])]:
         lines.append(f"| {group} | {counts['boxes']} | " + " | ".join(f"{100 * counts[k]:.1f}" for k in checks) + " |")
@@ -516,22 +630,33 @@ def write_detector(metrics_path, out: Path) -> None:
         lines.append(f"No detector metrics at {metrics_path}: the detector was not trained by this study.")
     else:
         metrics = json.loads(metrics_path.read_text())
-        lines.append(f"COCO box mAP on the val split: {metrics['val_mAP']:.3f} (IoU .50:.95), "
-                     f"{metrics['val_mAP50']:.3f} (IoU 0.5).")
+        lines.append(
+            f"COCO box mAP on the val split: {metrics['val_mAP']:.3f} (IoU .50:.95), "
+            f"{metrics['val_mAP50']:.3f} (IoU 0.5)."
+        )
         accuracy = metrics.get("val_gt_accuracy")
         if accuracy and accuracy["all"].get("boxes"):
-            lines += ["", "The box head on the val split's ground-truth boxes (the boxes the study's "
-                      "ground-truth mode extracts): the share whose best class is right, and whose shape "
-                      "and colour are right, per object size.", "", *ground_truth_table(accuracy)]
+            lines += [
+                "",
+                "The box head on the val split's ground-truth boxes (the boxes the study's "
+                "ground-truth mode extracts): the share whose best class is right, and whose shape "
+                "and colour are right, per object size.",
+                "",
+                *ground_truth_table(accuracy),
+            ]
         else:
-            lines += ["", "These metrics have no ground-truth box accuracy (a detector trained before it was "
-                      "measured): retrain it, or measure it with `python bench/detector_quality.py "
-                      "--detector <detector folder> --data <detector data folder>`."]
+            lines += [
+                "",
+                "These metrics have no ground-truth box accuracy (a detector trained before it was "
+                "measured): retrain it, or measure it with `python bench/detector_quality.py "
+                "--detector <detector folder> --data <detector data folder>`.",
+            ]
     io.write_text(out / "detector.md", "# The RoI detector\n\n" + "\n".join(lines) + "\n")
 
 
-def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), vcr_val=None,
-                 detector_metrics=None) -> dict:
+def write_report(
+    uri: str, experiment: str, out, sweep_files: list[Path] = (), vcr_val=None, detector_metrics=None
+) -> dict:
     """vcr_val: the VCR val.jsonl, whose labels Q->AR is scored against (no Q->AR without it).
     detector_metrics: `vlbert train-detector`'s metrics.json; by default results/<preset>/detector's,
     <preset> being the report folder's name (reports/<preset>), as the workflow lays them out."""
@@ -544,16 +669,22 @@ def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), v
     runs.sort_values(["stage", "setting", "task", "seed"], na_position="last").to_csv(out / "runs.csv", index=False)
     finetunes, finetune_notes = latest_results(runs, "finetune")
     pretrain_notes = latest_results(runs, "pretrain")[1]
-    derived = (derive_q2ar(uri, finetunes, vcr_labels(vcr_val))
-               if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]) else pd.DataFrame())
+    derived = (
+        derive_q2ar(uri, finetunes, vcr_labels(vcr_val))
+        if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"])
+        else pd.DataFrame()
+    )
     table = table4(finetunes)
     write_tables(table, paper, out, finetune_notes)
     if not derived.empty:
         q2ar = derived.groupby("setting")["val_accuracy"].agg(["mean", "std", "count"]).reindex(list(SETTINGS))
         lines = ["| setting | VCR Q->AR (val) |", "|---|---|"]
-        lines += [f"| {s} | {_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |"
-                  for s, r in q2ar.iterrows()]
-        io.write_text(out / "vcr_q2ar.md", "# VCR Q->AR, from each seed's Q->A and QA->R runs\n\n" + "\n".join(lines) + "\n")
+        lines += [
+            f"| {s} | {_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |" for s, r in q2ar.iterrows()
+        ]
+        io.write_text(
+            out / "vcr_q2ar.md", "# VCR Q->AR, from each seed's Q->A and QA->R runs\n\n" + "\n".join(lines) + "\n"
+        )
     results = findings(table, paper)
     write_findings(results, out)
     figure_bars(table, paper, out / "figures" / "table4_bars.png")
@@ -563,7 +694,10 @@ def write_report(uri: str, experiment: str, out, sweep_files: list[Path] = (), v
     figure_pretraining(uri, runs, out / "figures" / "pretraining_loss.png")
     figure_grounding(uri, runs, out / "figures" / "pretraining_grounding.png")
     write_detector(detector_metrics or Path("results") / out.name / "detector" / "metrics.json", out)
-    return {"runs": len(runs), "finetune_runs": len(finetunes),
-            "findings_agreeing": sum(r["verdict"] == "agrees" for r in results),
-            "findings_no_data": sum(r["verdict"] == "no data" for r in results),
-            "warnings": table_warnings(table) + finetune_notes + pretrain_notes}
+    return {
+        "runs": len(runs),
+        "finetune_runs": len(finetunes),
+        "findings_agreeing": sum(r["verdict"] == "agrees" for r in results),
+        "findings_no_data": sum(r["verdict"] == "no data" for r in results),
+        "warnings": table_warnings(table) + finetune_notes + pretrain_notes,
+    }

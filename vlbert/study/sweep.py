@@ -22,7 +22,7 @@ from ..config import study_seeds
 from ..tracking import NullTracker, make_tracker
 
 METRIC = "val_accuracy"
-FAULT_ONCE = "VLBERT_FAULT_ONCE"   # test hook: a trial crashes once if this file does not exist yet
+FAULT_ONCE = "VLBERT_FAULT_ONCE"  # test hook: a trial crashes once if this file does not exist yet
 # A local Ray's temp folder: /tmp/ray-vlbert-<PID of the process that started it>-XXXXXXXX. Short,
 # as Ray's socket paths under it must stay within 107 bytes; the PID tells a dead sweep's folder.
 RAY_TEMP_PREFIX = "ray-vlbert-"
@@ -49,17 +49,26 @@ def local_ray(cpus: int, gpus: float | None = 0):
     folder = tempfile.mkdtemp(prefix=f"{RAY_TEMP_PREFIX}{os.getpid()}-", dir="/tmp")
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
-    started = {}   # Ray's processes by PID, seen as children (an orphan, such as an agent, leaves that tree)
+    started = {}  # Ray's processes by PID, seen as children (an orphan, such as an agent, leaves that tree)
     saved = os.environ.get(RAY_CLUSTERS), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[RAY_CLUSTERS] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False   # this process's copy, read when Ray was imported
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process's copy, read when Ray was imported
     try:
-        ray.init(num_cpus=cpus, num_gpus=gpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 _temp_dir=folder, log_to_driver=False, configure_logging=False)
+        ray.init(
+            num_cpus=cpus,
+            num_gpus=gpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            _temp_dir=folder,
+            log_to_driver=False,
+            configure_logging=False,
+        )
         started |= {p.pid: p for p in me.children(recursive=True) if p.pid not in before}
         if ray.util.get_node_ip_address() != "127.0.0.1":
-            raise RuntimeError(f"the local Ray took {ray.util.get_node_ip_address()} as its address, so it would "
-                               "listen on every interface; stopped (has Ray changed how it picks its address?)")
+            raise RuntimeError(
+                f"the local Ray took {ray.util.get_node_ip_address()} as its address, so it would "
+                "listen on every interface; stopped (has Ray changed how it picks its address?)"
+            )
         yield folder
     finally:
         started |= {p.pid: p for p in me.children(recursive=True) if p.pid not in before}
@@ -84,7 +93,7 @@ def _remove_dead_ray_folders() -> None:
     import psutil
 
     for folder in Path("/tmp").glob(f"{RAY_TEMP_PREFIX}*"):
-        pid = folder.name[len(RAY_TEMP_PREFIX):].split("-")[0]
+        pid = folder.name[len(RAY_TEMP_PREFIX) :].split("-")[0]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -113,6 +122,7 @@ class _TuneReporter:
 
     def log_metrics(self, metrics: dict, step=None) -> None:
         from ray import tune
+
         self.tracker.log_metrics(metrics, step)
         if METRIC in metrics:
             self.reported = True
@@ -137,17 +147,37 @@ def _trial(config: dict) -> None:
     preset, task, lr = config["preset"], config["trial"]["task"], config["trial"]["lr"]
     tags = {"setting": config["setting"], "task": task, "seed": config["seed"], "lr": lr}
     parent_run_id = config["parent_run_ids"].get(task)
-    tracker = (make_tracker(preset, f"trial-{config['setting']}-{task}-lr{lr:g}",
-                            {"stage": "sweep_trial", **tags}, parent_run_id=parent_run_id)
-               if parent_run_id else NullTracker())
+    tracker = (
+        make_tracker(
+            preset,
+            f"trial-{config['setting']}-{task}-lr{lr:g}",
+            {"stage": "sweep_trial", **tags},
+            parent_run_id=parent_run_id,
+        )
+        if parent_run_id
+        else NullTracker()
+    )
     status, reporter = "FAILED", _TuneReporter(tracker)
     try:
         tracker.log_params({"lr": lr, "seed": config["seed"]})
-        finetune(preset, setting(config["setting"]), task, lr, config["seed"],
-                 trial_dir(Path(config["out"]) / task, lr), config["data_root"], config["features_dir"],
-                 reporter, load_processor(config["bert"], preset["model"].get("max_text_length", 64)),
-                 pretrained=config["pretrained"], bert=config["bert"], detector_dir=config["detector"],
-                 device=config["device"], progress=False, score_test=False)
+        finetune(
+            preset,
+            setting(config["setting"]),
+            task,
+            lr,
+            config["seed"],
+            trial_dir(Path(config["out"]) / task, lr),
+            config["data_root"],
+            config["features_dir"],
+            reporter,
+            load_processor(config["bert"], preset["model"].get("max_text_length", 64)),
+            pretrained=config["pretrained"],
+            bert=config["bert"],
+            detector_dir=config["detector"],
+            device=config["device"],
+            progress=False,
+            score_test=False,
+        )
         status = "FINISHED"
     except BaseException:
         # Ray ends a trial from inside tune.report when ASHA stops it (or it reached max_t).
@@ -167,9 +197,12 @@ def per_task_asha(max_t_by_task: dict[str, int]):
     class PerTaskASHA(FIFOScheduler):
         def __init__(self):
             super().__init__()
-            self._by_task = {task: ASHAScheduler(time_attr="training_iteration", max_t=max_t,
-                                                 grace_period=max(1, max_t // 4), reduction_factor=2)
-                             for task, max_t in max_t_by_task.items()}
+            self._by_task = {
+                task: ASHAScheduler(
+                    time_attr="training_iteration", max_t=max_t, grace_period=max(1, max_t // 4), reduction_factor=2
+                )
+                for task, max_t in max_t_by_task.items()
+            }
 
         def set_search_properties(self, metric, mode, **spec) -> bool:
             super().set_search_properties(metric, mode, **spec)
@@ -196,8 +229,21 @@ def per_task_asha(max_t_by_task: dict[str, int]):
     return PerTaskASHA()
 
 
-def run_sweeps(preset: dict, setting_name: str, tasks: list[str], out, *, data_root, features_dir, bert, detector,
-               pretrained=None, device: str = "cpu", cores: int | None = None, make_parent=None) -> dict:
+def run_sweeps(
+    preset: dict,
+    setting_name: str,
+    tasks: list[str],
+    out,
+    *,
+    data_root,
+    features_dir,
+    bert,
+    detector,
+    pretrained=None,
+    device: str = "cpu",
+    cores: int | None = None,
+    make_parent=None,
+) -> dict:
     """Sweep the preset's learning rates for one setting on each task, in one Ray Tune run.
 
     Every (task, lr) trial runs under one Tuner, so trials share worker processes (one import of
@@ -210,12 +256,28 @@ def run_sweeps(preset: dict, setting_name: str, tasks: list[str], out, *, data_r
     parents = {task: make_parent(task) if make_parent else NullTracker() for task in tasks}
     try:
         # A local Ray is sized to this job.
-        with (_cluster_ray(address) if address else
-              local_ray(cores or os.cpu_count() or 1, 0 if device == "cpu" else None)):
-            trials = _tune(preset, setting_name, tasks, out, parents, data_root=data_root, features_dir=features_dir,
-                           bert=bert, detector=detector, pretrained=pretrained, device=device, cores=cores)
-        summaries = {task: _summarise(setting_name, task, trials[task], preset, out / task, parents[task])
-                     for task in tasks}
+        with (
+            _cluster_ray(address)
+            if address
+            else local_ray(cores or os.cpu_count() or 1, 0 if device == "cpu" else None)
+        ):
+            trials = _tune(
+                preset,
+                setting_name,
+                tasks,
+                out,
+                parents,
+                data_root=data_root,
+                features_dir=features_dir,
+                bert=bert,
+                detector=detector,
+                pretrained=pretrained,
+                device=device,
+                cores=cores,
+            )
+        summaries = {
+            task: _summarise(setting_name, task, trials[task], preset, out / task, parents[task]) for task in tasks
+        }
     except BaseException:
         for parent in parents.values():
             parent.close("FAILED")
@@ -226,12 +288,14 @@ def run_sweeps(preset: dict, setting_name: str, tasks: list[str], out, *, data_r
     return summaries
 
 
-def _tune(preset, setting_name, tasks, out, parents, *, data_root, features_dir, bert, detector, pretrained,
-          device, cores) -> dict[str, list[dict]]:
+def _tune(
+    preset, setting_name, tasks, out, parents, *, data_root, features_dir, bert, detector, pretrained, device, cores
+) -> dict[str, list[dict]]:
     """One Tuner over the grid tasks x learning rates; returns each task's trials."""
     from ray import tune
 
     from ..tracking import default_tracking_uri
+
     options = preset.get("sweep", {})
     seed = sweep_seed(preset)
     threads = int(options.get("cpus_per_trial", 1))
@@ -239,28 +303,50 @@ def _tune(preset, setting_name, tasks, out, parents, *, data_root, features_dir,
     parent_run_ids = {task: getattr(parent, "run_id", None) for task, parent in parents.items()}
     resolve = lambda p: str(Path(p).resolve()) if p is not None and Path(p).exists() else (str(p) if p else None)
     grid = [{"task": task, "lr": lr} for task in tasks for lr in sweep_lrs(preset, task)]
-    space = {"trial": tune.grid_search(grid), "seed": seed, "threads": threads,
-             "preset": preset, "setting": setting_name, "out": str(out), "data_root": resolve(data_root),
-             "features_dir": resolve(features_dir), "bert": resolve(bert), "detector": resolve(detector),
-             "pretrained": resolve(pretrained), "device": device, "parent_run_ids": parent_run_ids,
-             "tracking_uri": default_tracking_uri(preset) if any(parent_run_ids.values()) else None}
+    space = {
+        "trial": tune.grid_search(grid),
+        "seed": seed,
+        "threads": threads,
+        "preset": preset,
+        "setting": setting_name,
+        "out": str(out),
+        "data_root": resolve(data_root),
+        "features_dir": resolve(features_dir),
+        "bert": resolve(bert),
+        "detector": resolve(detector),
+        "pretrained": resolve(pretrained),
+        "device": device,
+        "parent_run_ids": parent_run_ids,
+        "tracking_uri": default_tracking_uri(preset) if any(parent_run_ids.values()) else None,
+    }
     configured = int(options.get("concurrent_trials", 0)) or len(grid)
     concurrent = max(1, min(configured, len(grid), int((cores or os.cpu_count() or 1) // max(threads, 1))))
     scheduler = per_task_asha({task: _epochs(preset, task) for task in tasks})
     tuner = tune.Tuner(
-        tune.with_resources(_trial, {"cpu": threads, "gpu": gpus}), param_space=space,
-        tune_config=tune.TuneConfig(metric=METRIC, mode="max", max_concurrent_trials=concurrent, reuse_actors=True,
-                                    scheduler=scheduler),
-        run_config=tune.RunConfig(name=setting_name, storage_path=str(out / "ray"), verbose=0,
-                                  failure_config=tune.FailureConfig(max_failures=int(options.get("max_failures", 2)))))
+        tune.with_resources(_trial, {"cpu": threads, "gpu": gpus}),
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            metric=METRIC, mode="max", max_concurrent_trials=concurrent, reuse_actors=True, scheduler=scheduler
+        ),
+        run_config=tune.RunConfig(
+            name=setting_name,
+            storage_path=str(out / "ray"),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=int(options.get("max_failures", 2))),
+        ),
+    )
     trials = {task: [] for task in tasks}
     for result in tuner.fit():
         history = result.metrics_dataframe
         curve = history[METRIC].tolist() if history is not None and METRIC in history else []
-        trials[result.config["trial"]["task"]].append({"lr": result.config["trial"]["lr"],
-                                                       "best_val_accuracy": max(curve) if curve else None,
-                                              "val_accuracy_by_epoch": curve,
-                                              "error": str(result.error) if result.error else None})
+        trials[result.config["trial"]["task"]].append(
+            {
+                "lr": result.config["trial"]["lr"],
+                "best_val_accuracy": max(curve) if curve else None,
+                "val_accuracy_by_epoch": curve,
+                "error": str(result.error) if result.error else None,
+            }
+        )
     return trials
 
 
@@ -270,8 +356,14 @@ def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
         raise RuntimeError(f"sweep {setting_name}/{task}: every trial failed: {[t['error'] for t in trials]}")
     best = max(finished, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
     seed = sweep_seed(preset)
-    summary = {"setting": setting_name, "task": task, "seed": seed, "lr": best["lr"],
-               "val_accuracy": best["best_val_accuracy"], "trials": sorted(trials, key=lambda t: t["lr"])}
+    summary = {
+        "setting": setting_name,
+        "task": task,
+        "seed": seed,
+        "lr": best["lr"],
+        "val_accuracy": best["best_val_accuracy"],
+        "trials": sorted(trials, key=lambda t: t["lr"]),
+    }
     io.write_json(out / "best.json", summary, indent=2)
     parent.log_metrics({"best_val_accuracy": best["best_val_accuracy"], "best_lr": best["lr"]})
     return summary

@@ -20,8 +20,18 @@ from ..vcr import OBJECT_NAMES
 from ..vqa import UNKNOWN_ANSWER
 from . import captions, corpus, refcoco, vcr, vqa
 from .language import tokenize
-from .world import (COLOURS, SHAPES, Scene, coco_area, coco_bbox, coco_polygon, render, sample_scene,
-                    save_image, stable_seed)
+from .world import (
+    COLOURS,
+    SHAPES,
+    Scene,
+    coco_area,
+    coco_bbox,
+    coco_polygon,
+    render,
+    sample_scene,
+    save_image,
+    stable_seed,
+)
 
 SPEC_STAMP = ".spec.json"  # the spec a folder was made from; a different spec remakes it
 DATASETS = ("detector", "conceptual_captions", "text_corpus", "vqa", "vcr", "refcoco+")
@@ -31,16 +41,24 @@ _CATEGORY_ID = {s: k + 1 for k, s in enumerate(SHAPES)}
 # categories are coloured shapes ("red circle"), so the detector's region features carry colour
 # as Visual Genome-trained features do. (Trained on the six shapes alone, they carried almost
 # none: a linear probe read the colour of 28% of regions, chance being 14%.)
-DETECTOR_CATEGORIES = [{"id": k + 1, "name": f"{c} {s}", "supercategory": s}
-                       for k, (c, s) in enumerate((c, s) for s in SHAPES for c in COLOURS)]
+DETECTOR_CATEGORIES = [
+    {"id": k + 1, "name": f"{c} {s}", "supercategory": s}
+    for k, (c, s) in enumerate((c, s) for s in SHAPES for c in COLOURS)
+]
 _DETECTOR_CATEGORY_ID = {tuple(c["name"].split()): c["id"] for c in DETECTOR_CATEGORIES}
 # COCO image folder names that VQA v2 uses for each of its splits.
-VQA_SPLITS = {"train": ("train2014", "train2014"), "val": ("val2014", "val2014"),
-              "test-dev": ("test-dev2015", "test2015")}
+VQA_SPLITS = {
+    "train": ("train2014", "train2014"),
+    "val": ("val2014", "val2014"),
+    "test-dev": ("test-dev2015", "test2015"),
+}
 # COCO's files for those image folders, as readers of the VQA layout (VL-BERT's) open them: the
 # instances of train and val, the image list alone for test (COCO releases no test annotations).
-COCO_IMAGE_INFO = {"train2014": "instances_train2014.json", "val2014": "instances_val2014.json",
-                   "test2015": "image_info_test2015.json"}
+COCO_IMAGE_INFO = {
+    "train2014": "instances_train2014.json",
+    "val2014": "instances_val2014.json",
+    "test2015": "image_info_test2015.json",
+}
 
 
 def _scenes(spec: dict, name: str, split: str, count: int, objects, desc: str, forced=None):
@@ -48,8 +66,9 @@ def _scenes(spec: dict, name: str, split: str, count: int, objects, desc: str, f
     `objects`: (fewest, most) shapes a scene, uniformly, or a function of the generator;
     `forced(rng, n, index)`: attributes to fix of the first objects (sample_scene)."""
     rng = np.random.default_rng(stable_seed(spec["seed"], name, split))
-    for index in tqdm(range(count), desc=f"{desc} {split}", unit="img", leave=False,
-                      disable=not spec.get("progress", True)):
+    for index in tqdm(
+        range(count), desc=f"{desc} {split}", unit="img", leave=False, disable=not spec.get("progress", True)
+    ):
         n = objects(rng) if callable(objects) else int(rng.integers(objects[0], objects[1] + 1))
         scene = sample_scene(rng, spec["image_size"], n, forced=forced(rng, n, index) if forced else None)
         yield index, scene, render(scene, rng), rng
@@ -58,11 +77,19 @@ def _scenes(spec: dict, name: str, split: str, count: int, objects, desc: str, f
 def _coco_annotations(scene: Scene, image_id: int, first_ann_id: int, coloured: bool = False) -> list[dict]:
     # The detector's set also keeps each object's size, an extra field as Visual Genome's attributes
     # (pycocotools ignores it), so the detector's quality can be reported per size.
-    return [{"id": first_ann_id + k, "image_id": image_id,
-             "category_id": _DETECTOR_CATEGORY_ID[o.colour, o.shape] if coloured else _CATEGORY_ID[o.shape],
-             "bbox": coco_bbox(o), "area": coco_area(coco_polygon(o), scene.width, scene.height),
-             "iscrowd": 0, "segmentation": coco_polygon(o), **({"size": o.size} if coloured else {})}
-            for k, o in enumerate(scene.objects)]
+    return [
+        {
+            "id": first_ann_id + k,
+            "image_id": image_id,
+            "category_id": _DETECTOR_CATEGORY_ID[o.colour, o.shape] if coloured else _CATEGORY_ID[o.shape],
+            "bbox": coco_bbox(o),
+            "area": coco_area(coco_polygon(o), scene.width, scene.height),
+            "iscrowd": 0,
+            "segmentation": coco_polygon(o),
+            **({"size": o.size} if coloured else {}),
+        }
+        for k, o in enumerate(scene.objects)
+    ]
 
 
 def _coco_image(image_id: int, file_name: str, scene: Scene) -> dict:
@@ -81,16 +108,19 @@ def write_detector(spec: dict, root: Path) -> None:
             save_image(image, root / folder / file_name)
             images.append(_coco_image(image_id, file_name, scene))
             annotations += _coco_annotations(scene, image_id, len(annotations) + 1, coloured=True)
-        io.write_json(root / "annotations" / f"instances_{folder}.json",
-                      {"images": images, "annotations": annotations, "categories": DETECTOR_CATEGORIES})
+        io.write_json(
+            root / "annotations" / f"instances_{folder}.json",
+            {"images": images, "annotations": annotations, "categories": DETECTOR_CATEGORIES},
+        )
 
 
 def write_conceptual_captions(spec: dict, root: Path) -> None:
     for split, count in spec["conceptual_captions"].items():
         (root / "images" / split).mkdir(parents=True)
         lines = []
-        for index, scene, image, rng in _scenes(spec, "conceptual_captions", split, count, captions.scene_size,
-                                                   "captions"):
+        for index, scene, image, rng in _scenes(
+            spec, "conceptual_captions", split, count, captions.scene_size, "captions"
+        ):
             relative = f"images/{split}/{index:08d}.jpg"
             save_image(image, root / relative)
             lines.append(f"{captions.make_caption(scene, rng)}\t{relative}\n")
@@ -121,29 +151,44 @@ def write_vqa(spec: dict, root: Path) -> None:
             for k, item in enumerate(vqa.make_questions(scene, rng, per_image)):
                 question_id = image_id * 10 + k
                 answers = vqa.annotate(item["answer"], item["answer_type"], rng)
-                questions.append({"image_id": image_id, "question": item["question"],
-                                  "question_id": question_id})
-                annotations.append({
-                    "question_id": question_id, "image_id": image_id,
-                    "question_type": item["question_type"], "answer_type": item["answer_type"],
-                    "multiple_choice_answer": item["answer"],
-                    "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": n + 1}
-                                for n, a in enumerate(answers)],
-                })
+                questions.append({"image_id": image_id, "question": item["question"], "question_id": question_id})
+                annotations.append(
+                    {
+                        "question_id": question_id,
+                        "image_id": image_id,
+                        "question_type": item["question_type"],
+                        "answer_type": item["answer_type"],
+                        "multiple_choice_answer": item["answer"],
+                        "answers": [
+                            {"answer": a, "answer_confidence": "yes", "answer_id": n + 1}
+                            for n, a in enumerate(answers)
+                        ],
+                    }
+                )
                 if split == "train":
                     answer_counts[item["answer"]] = answer_counts.get(item["answer"], 0) + 1
-        header = {"info": {"description": "vlbert-ablation synthetic world"}, "license": {},
-                  "data_subtype": subtype}
-        io.write_json(root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
-                      {**header, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions})
+        header = {"info": {"description": "vlbert-ablation synthetic world"}, "license": {}, "data_subtype": subtype}
+        io.write_json(
+            root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
+            {**header, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions},
+        )
         if subtype == "test-dev2015":
             # The real test2015 questions hold test-dev's among others; here test-dev is all of test,
             # and VL-BERT's test set is test2015.
-            io.write_json(root / "v2_OpenEnded_mscoco_test2015_questions.json",
-                          {**header, "data_subtype": "test2015", "task_type": "Open-Ended", "data_type": "mscoco",
-                           "questions": questions})
-        io.write_json(root / f"v2_mscoco_{subtype}_annotations.json",
-                      {**header, "data_type": "mscoco", "annotations": annotations})
+            io.write_json(
+                root / "v2_OpenEnded_mscoco_test2015_questions.json",
+                {
+                    **header,
+                    "data_subtype": "test2015",
+                    "task_type": "Open-Ended",
+                    "data_type": "mscoco",
+                    "questions": questions,
+                },
+            )
+        io.write_json(
+            root / f"v2_mscoco_{subtype}_annotations.json",
+            {**header, "data_type": "mscoco", "annotations": annotations},
+        )
         coco = {"info": header["info"], "licenses": [], "images": images, "categories": CATEGORIES}
         if image_folder != "test2015":
             coco["annotations"] = instances
@@ -165,20 +210,37 @@ def write_vcr(spec: dict, root: Path) -> None:
             stem = f"{movie}/{split}_{index:06d}"
             (root / "vcr1images" / movie).mkdir(parents=True, exist_ok=True)
             save_image(image, root / "vcr1images" / f"{stem}.jpg")
-            boxes = [[round(v, 2) for v in o.box] + [round(float(rng.uniform(0.9, 1.0)), 4)]
-                     for o in scene.objects]
-            io.write_json(root / "vcr1images" / f"{stem}.json", {
-                "boxes": boxes, "names": [names[o.shape] for o in scene.objects],
-                "segms": [[[[round(x, 2), round(y, 2)] for x, y in o.polygon()]] for o in scene.objects],
-                "width": scene.width, "height": scene.height})
+            boxes = [[round(v, 2) for v in o.box] + [round(float(rng.uniform(0.9, 1.0)), 4)] for o in scene.objects]
+            io.write_json(
+                root / "vcr1images" / f"{stem}.json",
+                {
+                    "boxes": boxes,
+                    "names": [names[o.shape] for o in scene.objects],
+                    "segms": [[[[round(x, 2), round(y, 2)] for x, y in o.polygon()]] for o in scene.objects],
+                    "width": scene.width,
+                    "height": scene.height,
+                },
+            )
             item = vcr.make_item(scene, rng)
             kind = item.pop("kind")
-            lines.append(json.dumps({
-                "annot_id": f"{split}-{index}", "movie": movie, "img_id": f"{split}-{index}",
-                "img_fn": f"{stem}.jpg", "metadata_fn": f"{stem}.json",
-                "objects": [names[o.shape] for o in scene.objects], "question_number": 0,
-                "interesting_scores": [], "question_type": kind, **item,
-            }, sort_keys=True) + "\n")
+            lines.append(
+                json.dumps(
+                    {
+                        "annot_id": f"{split}-{index}",
+                        "movie": movie,
+                        "img_id": f"{split}-{index}",
+                        "img_fn": f"{stem}.jpg",
+                        "metadata_fn": f"{stem}.json",
+                        "objects": [names[o.shape] for o in scene.objects],
+                        "question_number": 0,
+                        "interesting_scores": [],
+                        "question_type": kind,
+                        **item,
+                    },
+                    sort_keys=True,
+                )
+                + "\n"
+            )
         io.write_text(root / f"{split}.jsonl", "".join(lines))
 
 
@@ -188,8 +250,9 @@ def _refcoco_splits(spec: dict, count: int, held_out: float) -> list[str]:
     n_held = round(count * held_out)
     n_val = round(n_held / 3)
     n_test_a = (n_held - n_val + 1) // 2
-    splits = (["val"] * n_val + ["testA"] * n_test_a + ["testB"] * (n_held - n_val - n_test_a)
-              + ["train"] * (count - n_held))
+    splits = (
+        ["val"] * n_val + ["testA"] * n_test_a + ["testB"] * (n_held - n_val - n_test_a) + ["train"] * (count - n_held)
+    )
     order = np.random.default_rng(stable_seed(spec["seed"], "refcoco+", "splits")).permutation(count)
     return [splits[k] for k in order]
 
@@ -199,13 +262,15 @@ def _refcoco_forced(splits: list[str]):
     the other objects distractors of other shapes, one of each, so no other category is referable.
     The shape is of the test split's kind in test images (RefCOCO+'s testA images hold several
     people), of either kind at even odds elsewhere."""
+
     def forced(rng, n, index):
         kinds = list(refcoco.TEST_KINDS.values())
         kind = refcoco.TEST_KINDS.get(splits[index]) or kinds[int(rng.integers(len(kinds)))]
         shape = kind[int(rng.integers(len(kind)))]
         copies = int(rng.integers(2, min(n, 3) + 1))
-        others = [str(s) for s in rng.permutation(SHAPES) if s != shape][:n - copies]
+        others = [str(s) for s in rng.permutation(SHAPES) if s != shape][: n - copies]
         return [{"shape": shape}] * copies + [{"shape": s} for s in others]
+
     return forced
 
 
@@ -214,8 +279,9 @@ def write_refcoco(spec: dict, root: Path) -> None:
     (root / "images").mkdir()
     images, annotations, refs = [], [], []
     splits = _refcoco_splits(spec, options["images"], options.get("held_out_fraction", 0.3))
-    for index, scene, image, rng in _scenes(spec, "refcoco+", "all", options["images"], (3, 6),
-                                            "refcoco+", forced=_refcoco_forced(splits)):
+    for index, scene, image, rng in _scenes(
+        spec, "refcoco+", "all", options["images"], (3, 6), "refcoco+", forced=_refcoco_forced(splits)
+    ):
         image_id = index + 1
         file_name = f"COCO_train2014_{image_id:012d}.jpg"
         save_image(image, root / "images" / file_name)
@@ -230,25 +296,39 @@ def write_refcoco(spec: dict, root: Path) -> None:
             if not texts:
                 continue
             first_sent_id = sum(len(r["sent_ids"]) for r in refs)
-            sentences = [{"raw": t, "sent": t, "tokens": tokenize(t), "sent_id": first_sent_id + n}
-                         for n, t in enumerate(texts)]
-            refs.append({"ref_id": len(refs), "ann_id": ann["id"], "image_id": image_id,
-                         "category_id": ann["category_id"], "split": split,
-                         "file_name": f"COCO_train2014_{image_id:012d}_{ann['id']}.jpg",
-                         "sent_ids": [s["sent_id"] for s in sentences], "sentences": sentences})
-    io.write_json(root / "instances.json",
-                  {"images": images, "annotations": annotations, "categories": CATEGORIES})
+            sentences = [
+                {"raw": t, "sent": t, "tokens": tokenize(t), "sent_id": first_sent_id + n} for n, t in enumerate(texts)
+            ]
+            refs.append(
+                {
+                    "ref_id": len(refs),
+                    "ann_id": ann["id"],
+                    "image_id": image_id,
+                    "category_id": ann["category_id"],
+                    "split": split,
+                    "file_name": f"COCO_train2014_{image_id:012d}_{ann['id']}.jpg",
+                    "sent_ids": [s["sent_id"] for s in sentences],
+                    "sentences": sentences,
+                }
+            )
+    io.write_json(root / "instances.json", {"images": images, "annotations": annotations, "categories": CATEGORIES})
     # Protocol 2 keeps the pickle readable by the Python 2 tools that ship with REFER.
     io.write_bytes(root / "refs(unc).p", pickle.dumps(refs, protocol=2))
 
 
-WRITERS = {"detector": write_detector, "conceptual_captions": write_conceptual_captions,
-           "text_corpus": write_text_corpus, "vqa": write_vqa, "vcr": write_vcr,
-           "refcoco+": write_refcoco}
+WRITERS = {
+    "detector": write_detector,
+    "conceptual_captions": write_conceptual_captions,
+    "text_corpus": write_text_corpus,
+    "vqa": write_vqa,
+    "vcr": write_vcr,
+    "refcoco+": write_refcoco,
+}
 
 
-def make_world(spec: dict, out: str | Path, datasets=DATASETS, force: bool = False,
-               progress: bool = True) -> list[str]:
+def make_world(
+    spec: dict, out: str | Path, datasets=DATASETS, force: bool = False, progress: bool = True
+) -> list[str]:
     """Write the data sets under `out`; those complete for this spec are skipped unless `force`.
 
     `spec` is the preset's `data.synthetic` section plus `seed`. Returns the names written.

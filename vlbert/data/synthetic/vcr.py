@@ -17,8 +17,14 @@ from .world import COLOURS, CORNERS, SHAPES, TEMPERATURE, TEMPERATURES, WEIGHT, 
 # beside the jsonl files holds this map, and the project's reader turns them back into the world's.
 # A fixed, arbitrary stand-in per shape: neither `person` (which both readers replace with a
 # person's name) nor a word the world's language uses, each one word as VCR spells them.
-COCO_NAMES = {"circle": "frisbee", "square": "book", "triangle": "pizza", "diamond": "kite",
-              "star": "umbrella", "cross": "airplane"}
+COCO_NAMES = {
+    "circle": "frisbee",
+    "square": "book",
+    "triangle": "pizza",
+    "diamond": "kite",
+    "star": "umbrella",
+    "cross": "airplane",
+}
 
 
 def _others(rng, pool, exclude, k):
@@ -31,7 +37,22 @@ def _feel(scene, rng, i, j):
     temp = TEMPERATURE[colour]
     question = ["how", "does", [i], "feel", "?"]
     answers = [[[i], "feels", t, "to", "the", "touch", "."] for t in [temp] + _others(rng, TEMPERATURES, [temp], 3)]
-    rationale = lambda c: [[i], "is", c, ",", "and", "everyone", "knows", "that", c, "things", "always", "feel", temp, "."]
+    rationale = lambda c: [
+        [i],
+        "is",
+        c,
+        ",",
+        "and",
+        "everyone",
+        "knows",
+        "that",
+        c,
+        "things",
+        "always",
+        "feel",
+        temp,
+        ".",
+    ]
     rationales = [rationale(c) for c in [colour] + _others(rng, COLOURS, [colour], 3)]
     return question, answers, rationales
 
@@ -40,28 +61,82 @@ def _weight(scene, rng, i, j):
     size = scene.objects[i].size
     other = "small" if size == "large" else "large"
     question = ["would", [i], "be", "heavy", "or", "light", "to", "carry", "?"]
-    answers = [[[i], "would", "be", WEIGHT[s1], ",", "like", "every", s2, "shape", "."]
-               for s1, s2 in [(size, size), (other, other), (size, other), (other, size)]]
+    answers = [
+        [[i], "would", "be", WEIGHT[s1], ",", "like", "every", s2, "shape", "."]
+        for s1, s2 in [(size, size), (other, other), (size, other), (other, size)]
+    ]
     shape = scene.objects[i].shape
-    rationale = lambda s, sh: [[i], "is", "a", s, sh, ",", "and", "a", s, "shape", "is", WEIGHT[size],
-                               "because", "there", "is", "more", "or", "less", "of", "it", "to", "carry", "."]
+    rationale = lambda s, sh: [
+        [i],
+        "is",
+        "a",
+        s,
+        sh,
+        ",",
+        "and",
+        "a",
+        s,
+        "shape",
+        "is",
+        WEIGHT[size],
+        "because",
+        "there",
+        "is",
+        "more",
+        "or",
+        "less",
+        "of",
+        "it",
+        "to",
+        "carry",
+        ".",
+    ]
     wrong_shapes = _others(rng, SHAPES, [shape], 2)
-    rationales = [rationale(size, shape), rationale(other, shape),
-                  rationale(size, wrong_shapes[0]), rationale(other, wrong_shapes[1])]
+    rationales = [
+        rationale(size, shape),
+        rationale(other, shape),
+        rationale(size, wrong_shapes[0]),
+        rationale(other, wrong_shapes[1]),
+    ]
     return question, answers, rationales
 
 
 def _compare(scene, rng, i, j):
     bigger, smaller = (i, j) if scene.objects[i].size == "large" else (j, i)
     question = ["which", "is", "heavier", ",", [i], "or", [j], "?"]
-    answers = [[[bigger], "is", "heavier", "than", [smaller], "."],
-               [[smaller], "is", "heavier", "than", [bigger], "."],
-               [[i], "and", [j], "weigh", "the", "same", "."],
-               ["neither", [i], "nor", [j], "weighs", "anything", "."]]
-    rationale = lambda a, b: [[bigger], "is", a, "while", [smaller], "is", b, ",", "and", "a", "large",
-                              "shape", "weighs", "more", "than", "a", "small", "one", "."]
-    rationales = [rationale("large", "small"), rationale("small", "large"),
-                  rationale("large", "large"), rationale("small", "small")]
+    answers = [
+        [[bigger], "is", "heavier", "than", [smaller], "."],
+        [[smaller], "is", "heavier", "than", [bigger], "."],
+        [[i], "and", [j], "weigh", "the", "same", "."],
+        ["neither", [i], "nor", [j], "weighs", "anything", "."],
+    ]
+    rationale = lambda a, b: [
+        [bigger],
+        "is",
+        a,
+        "while",
+        [smaller],
+        "is",
+        b,
+        ",",
+        "and",
+        "a",
+        "large",
+        "shape",
+        "weighs",
+        "more",
+        "than",
+        "a",
+        "small",
+        "one",
+        ".",
+    ]
+    rationales = [
+        rationale("large", "small"),
+        rationale("small", "large"),
+        rationale("large", "large"),
+        rationale("small", "small"),
+    ]
     return question, answers, rationales
 
 
@@ -82,17 +157,40 @@ def _same_feel(scene, rng, i, j):
     question = ["do", [i], "and", [j], "feel", "the", "same", "?"]
     alt = _others(rng, TEMPERATURES, [ti], 1)[0]
     if ti == tj:
-        answers = [["yes", ",", [i], "and", [j], "both", "feel", ti, "."],
-                   ["no", ",", [i], "feels", ti, "but", [j], "feels", alt, "."],
-                   ["yes", ",", [i], "and", [j], "both", "feel", alt, "."],
-                   ["no", ",", [i], "feels", alt, "but", [j], "feels", ti, "."]]
+        answers = [
+            ["yes", ",", [i], "and", [j], "both", "feel", ti, "."],
+            ["no", ",", [i], "feels", ti, "but", [j], "feels", alt, "."],
+            ["yes", ",", [i], "and", [j], "both", "feel", alt, "."],
+            ["no", ",", [i], "feels", alt, "but", [j], "feels", ti, "."],
+        ]
     else:
-        answers = [["no", ",", [i], "feels", ti, "but", [j], "feels", tj, "."],
-                   ["yes", ",", [i], "and", [j], "both", "feel", ti, "."],
-                   ["no", ",", [i], "feels", tj, "but", [j], "feels", ti, "."],
-                   ["yes", ",", [i], "and", [j], "both", "feel", tj, "."]]
-    rationale = lambda a, b: [[i], "is", a, "and", [j], "is", b, ",", "and", a, "things", "feel",
-                              TEMPERATURE[a], "while", b, "things", "feel", TEMPERATURE[b], "."]
+        answers = [
+            ["no", ",", [i], "feels", ti, "but", [j], "feels", tj, "."],
+            ["yes", ",", [i], "and", [j], "both", "feel", ti, "."],
+            ["no", ",", [i], "feels", tj, "but", [j], "feels", ti, "."],
+            ["yes", ",", [i], "and", [j], "both", "feel", tj, "."],
+        ]
+    rationale = lambda a, b: [
+        [i],
+        "is",
+        a,
+        "and",
+        [j],
+        "is",
+        b,
+        ",",
+        "and",
+        a,
+        "things",
+        "feel",
+        TEMPERATURE[a],
+        "while",
+        b,
+        "things",
+        "feel",
+        TEMPERATURE[b],
+        ".",
+    ]
     wrong = _others(rng, COLOURS, [ci, cj], 3)
     rationales = [rationale(ci, cj), rationale(wrong[0], cj), rationale(ci, wrong[1]), rationale(wrong[2], wrong[0])]
     return question, answers, rationales

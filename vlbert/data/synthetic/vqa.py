@@ -46,8 +46,11 @@ def make_questions(scene: Scene, rng: np.random.Generator, n: int) -> list[dict]
     shape = SHAPES[int(rng.integers(len(SHAPES)))]
     count = sum(o.shape == shape for o in scene.objects)
     candidates.append((f"how many {shape}s are there?", str(count), "number", "how many"))
-    size, colour, shape = (SIZES[int(rng.integers(2))], list(COLOURS)[int(rng.integers(len(COLOURS)))],
-                           SHAPES[int(rng.integers(len(SHAPES)))])
+    size, colour, shape = (
+        SIZES[int(rng.integers(2))],
+        list(COLOURS)[int(rng.integers(len(COLOURS)))],
+        SHAPES[int(rng.integers(len(SHAPES)))],
+    )
     if rng.random() < 0.5:  # ask about an object that is there half the time: balanced yes/no
         o = scene.objects[int(rng.integers(len(scene.objects)))]
         size, colour, shape = o.size, o.colour, o.shape
@@ -58,5 +61,4 @@ def make_questions(scene: Scene, rng: np.random.Generator, n: int) -> list[dict]
 
 
 def annotate(answer: str, answer_type: str, rng: np.random.Generator, n: int = 10) -> list[str]:
-    return [answer if rng.random() < ANNOTATOR_AGREEMENT else _confusion(answer, answer_type, rng)
-            for _ in range(n)]
+    return [answer if rng.random() < ANNOTATOR_AGREEMENT else _confusion(answer, answer_type, rng) for _ in range(n)]

@@ -34,13 +34,22 @@ SIZES = ("small", "large")
 # Lore: facts the text corpus states and VCR rationales rely on. The images never show them,
 # so only a model that read the corpus (pre-training setting d and full) has seen them often.
 TEMPERATURE = {  # what a colour feels like
-    "red": "hot", "orange": "warm", "yellow": "warm",
-    "green": "cool", "blue": "cold", "purple": "cool", "white": "cold",
+    "red": "hot",
+    "orange": "warm",
+    "yellow": "warm",
+    "green": "cool",
+    "blue": "cold",
+    "purple": "cool",
+    "white": "cold",
 }
 TEMPERATURES = ("hot", "warm", "cool", "cold")
 CORNERS = {
-    "circle": "no", "square": "four", "triangle": "three",
-    "diamond": "four", "star": "ten", "cross": "twelve",
+    "circle": "no",
+    "square": "four",
+    "triangle": "three",
+    "diamond": "four",
+    "star": "ten",
+    "cross": "twelve",
 }
 WEIGHT = {"small": "light", "large": "heavy"}
 
@@ -77,8 +86,7 @@ class SceneObject:
             h = r * 0.85
             return [(cx - h, cy - h), (cx + h, cy - h), (cx + h, cy + h), (cx - h, cy + h)]
         if self.shape == "triangle":
-            return [(cx + r * math.cos(a), cy + r * math.sin(a))
-                    for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)]
+            return [(cx + r * math.cos(a), cy + r * math.sin(a)) for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)]
         if self.shape == "diamond":
             return [(cx, cy - r), (cx + 0.7 * r, cy), (cx, cy + r), (cx - 0.7 * r, cy)]
         if self.shape == "star":
@@ -90,9 +98,20 @@ class SceneObject:
             return points
         if self.shape == "cross":
             t = r * 0.35
-            return [(cx - t, cy - r), (cx + t, cy - r), (cx + t, cy - t), (cx + r, cy - t),
-                    (cx + r, cy + t), (cx + t, cy + t), (cx + t, cy + r), (cx - t, cy + r),
-                    (cx - t, cy + t), (cx - r, cy + t), (cx - r, cy - t), (cx - t, cy - t)]
+            return [
+                (cx - t, cy - r),
+                (cx + t, cy - r),
+                (cx + t, cy - t),
+                (cx + r, cy - t),
+                (cx + r, cy + t),
+                (cx + t, cy + t),
+                (cx + t, cy + r),
+                (cx - t, cy + r),
+                (cx - t, cy + t),
+                (cx - r, cy + t),
+                (cx - r, cy - t),
+                (cx - t, cy - t),
+            ]
         raise ValueError(f"unknown shape {self.shape!r}")
 
     def phrase(self, with_size: bool = True, with_colour: bool = True) -> str:
@@ -108,8 +127,9 @@ class Scene:
     objects: tuple[SceneObject, ...]
 
 
-def sample_scene(rng: np.random.Generator, image_size: int, n_objects: int,
-                 grid: int = 3, forced: list[dict] | None = None) -> Scene:
+def sample_scene(
+    rng: np.random.Generator, image_size: int, n_objects: int, grid: int = 3, forced: list[dict] | None = None
+) -> Scene:
     """Place `n_objects` shapes in distinct cells of a grid x grid layout (so they never overlap).
 
     `forced` fixes attributes of the first objects (e.g. two circles for a RefCOCO+ testA image).
