@@ -5,7 +5,7 @@ VENV := .venv
 PRESET ?= mini
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce test test-fast bench clean-results
+.PHONY: reproduce test test-fast lint format ui bench clean-results
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,22 @@ test: $(STAMP)  ## the whole test suite, slow end-to-end tests included
 
 test-fast: $(STAMP)  ## without the slow end-to-end tests
 	$(VENV)/bin/python -m pytest -m "not slow"
+
+lint: $(STAMP)  ## ruff (lint and format) and Snakemake's linter on every preset; CI runs it first
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@for preset in experiments/*.yaml; do \
+		echo "snakemake --lint --configfile $$preset"; \
+		$(VENV)/bin/snakemake --lint --configfile $$preset >/dev/null 2>&1 || \
+			{ $(VENV)/bin/snakemake --lint --configfile $$preset; exit 1; }; \
+	done
+
+format: $(STAMP)  ## fix what ruff can: import order, then the format
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+ui: $(STAMP)  ## MLflow's UI over the preset's runs on 127.0.0.1; prints the runs table's address
+	$(VENV)/bin/vlbert ui --config experiments/$(PRESET).yaml
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/make_data.py

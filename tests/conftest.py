@@ -31,6 +31,7 @@ def smoke_world(smoke_config, tmp_path_factory):
 @pytest.fixture(scope="session")
 def smoke_detector(smoke_config, smoke_world, tmp_path_factory):
     import torch
+
     from vlbert.detection.train import train_detector
     from vlbert.tracking import NullTracker
 
@@ -158,6 +159,7 @@ def tiny_store(path, keys=("1",), **attrs):
     from types import SimpleNamespace
 
     import numpy as np
+
     from vlbert.data.feature_store import merge_shards, write_shard
 
     results = [

@@ -1,7 +1,7 @@
 import pytest
 import yaml
-
 from conftest import REPO
+
 from vlbert.config import ConfigError, load_config
 
 

@@ -12,15 +12,15 @@ import h5py
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, tiny_store
+
+from vlbert.cli import main
 from vlbert.data.errors import DataFormatError
 from vlbert.data.feature_store import FeatureStore
 from vlbert.detection.backends import DETECTRON2_MISSING, Detectron2Backend, TorchvisionBackend
 from vlbert.detection.extract import extract_to_store
 from vlbert.detection.model import load_detector
 from vlbert.detection.rules import BoxRule, select_boxes
-from vlbert.cli import main
 from vlbert.detection.sources import image_items
 
 

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FIXTURES
+
 from vlbert.cli import main
 
 
@@ -60,8 +60,9 @@ def _vqa_arguments(predictions):
         ([420, 421, 730, 999, 1000], "pred.json: predictions for 2 question_ids that are not annotated (999, 1000): "),
         (
             [420, 5, 6, 7, 8, 9, 10],
-            "pred.json: no prediction for 2 of the 3 question_ids (421, 730); predictions for 6 question_ids that are not "
-            "annotated (5, 6, 7, 8, 9, ...): predictions must cover exactly the annotated question_ids",
+            "pred.json: no prediction for 2 of the 3 question_ids (421, 730); "
+            "predictions for 6 question_ids that are not annotated (5, 6, 7, 8, 9, ...): "
+            "predictions must cover exactly the annotated question_ids",
         ),
     ],
 )

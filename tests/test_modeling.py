@@ -398,8 +398,8 @@ def test_masked_roi_loss_is_soft_cross_entropy_on_the_detector_distribution():
 
 
 def test_a_wordpiece_vocabulary_of_the_world_keeps_its_words_whole_and_repeats(tmp_path):
-    from vlbert.modeling.processing_vlbert import wordpiece_from_texts
     from vlbert.data.synthetic.world import COLOURS, SHAPES, SIZES
+    from vlbert.modeling.processing_vlbert import wordpiece_from_texts
 
     texts = [
         f"a {size} {colour} {shape} next to the {shape}s ." for size in SIZES for colour in COLOURS for shape in SHAPES
@@ -510,9 +510,10 @@ def test_a_seed_gives_the_weights_it_gave_before_the_models_were_pretrained_mode
 def test_checkpoints_are_transformers_ones_and_load_through_the_auto_classes(
     smoke_detector, regions, processor, tmp_path
 ):
-    import vlbert  # noqa: F401  (registers the Auto classes)
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, PreTrainedModel
+
+    import vlbert  # noqa: F401  (registers the Auto classes)
     from vlbert.modeling import VLBertModel
 
     images, results = regions
@@ -551,9 +552,10 @@ def test_checkpoints_are_transformers_ones_and_load_through_the_auto_classes(
 
 
 def test_checkpoints_written_before_the_move_load_as_they_are():
-    import vlbert  # noqa: F401
     from safetensors.torch import load_file
     from transformers import AutoModel
+
+    import vlbert  # noqa: F401
     from vlbert.modeling import VLBertModel
 
     old = json.loads((OLD_CHECKPOINTS / "pretraining" / "config.json").read_text())
@@ -598,7 +600,7 @@ def test_a_checkpoint_that_does_not_fit_fails_loudly(tmp_path):
 
     no_encoder_weight = without("vlbert.bert.encoder.layer.1.output.dense.weight")
     for cls in (VLBertForVQA, VLBertForPreTraining, AutoModel):
-        with pytest.raises(ValueError, match="does not fit .*encoder.layer.1.output.dense.weight"):
+        with pytest.raises(ValueError, match=r"does not fit .*encoder\.layer\.1\.output\.dense\.weight"):
             cls.from_pretrained(no_encoder_weight)
     with pytest.raises(ValueError, match=r"does not fit VLBertForPreTraining .*relation_head.weight"):
         VLBertForPreTraining.from_pretrained(without("relation_head.weight"))

@@ -17,7 +17,6 @@ from vlbert.data.synthetic.refcoco import TEST_KINDS
 from vlbert.data.synthetic.world import SHAPES
 from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
 
-
 # ---- COCO instances: pycocotools ---------------------------------------------------------------
 
 INSTANCES = [
@@ -35,7 +34,7 @@ def test_instances_load_with_pycocotools_and_areas_are_mask_areas(smoke_world, r
     for ann in coco.anns.values():
         image = coco.imgs[ann["image_id"]]
         x, y, w, h = ann["bbox"]
-        assert 0 <= x and 0 <= y and x + w <= image["width"] and y + h <= image["height"]
+        assert x >= 0 and y >= 0 and x + w <= image["width"] and y + h <= image["height"]
         assert ann["category_id"] in coco.cats and ann["iscrowd"] == 0
         # COCO's area is its segmentation's, the pixels of the mask pycocotools rasterises.
         assert ann["area"] == mask_utils.area(coco.annToRLE(ann)) > 0, ann

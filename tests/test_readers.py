@@ -4,8 +4,8 @@ import re
 import shutil
 
 import pytest
-
 from conftest import FIXTURES
+
 from vlbert.data.coco import read_coco
 from vlbert.data.conceptual_captions import read_captions
 from vlbert.data.errors import DataFormatError
@@ -64,6 +64,7 @@ def test_generated_refcoco_reads_back(smoke_world):
 def test_generated_detector_split_reads_back(smoke_world):
     import numpy as np
     from PIL import Image
+
     from vlbert.data.synthetic.world import COLOURS, SHAPES
 
     for split, n in (("train", 60), ("val", 20)):

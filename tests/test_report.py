@@ -4,8 +4,8 @@ one-seed cells) and what it rests on (runs that did not finish), never a verdict
 import json
 
 import pytest
-
 from conftest import REPO
+
 from vlbert.cli import main
 
 # Accuracies that follow each of the paper's findings (VCR gains most from the text corpus).

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
 
 SMOKE = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())

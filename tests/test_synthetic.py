@@ -3,14 +3,13 @@ import json
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
-
 from conftest import REPO
+
 from vlbert.config import load_config, synthetic_spec
 from vlbert.data.synthetic import DATASETS, make_world
 from vlbert.data.synthetic.world import SHAPES, sample_scene, stable_seed
-
-import numpy as np
 
 
 def _tree(root):
@@ -21,7 +20,7 @@ def test_same_seed_gives_byte_identical_files(smoke_config, smoke_world, tmp_pat
     make_world(synthetic_spec(smoke_config), tmp_path, progress=False)
     files = _tree(smoke_world)
     assert files == _tree(tmp_path) and len(files) > 500
-    match, mismatch, errors = filecmp.cmpfiles(smoke_world, tmp_path, files, shallow=False)
+    _, mismatch, errors = filecmp.cmpfiles(smoke_world, tmp_path, files, shallow=False)
     assert not mismatch and not errors
 
 
@@ -64,7 +63,7 @@ def test_scenes_never_overlap():
         scene = sample_scene(rng, 96, int(rng.integers(1, 10)))
         boxes = [o.box for o in scene.objects]
         for i, a in enumerate(boxes):
-            assert 0 <= a[0] and 0 <= a[1] and a[2] <= 96 and a[3] <= 96
+            assert a[0] >= 0 and a[1] >= 0 and a[2] <= 96 and a[3] <= 96
             for b in boxes[i + 1 :]:
                 assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
 

@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 import yaml
-
 from conftest import study_args
+
 from vlbert.cli import main
 from vlbert.engine.checkpoint import read_state
 from vlbert.engine.optim import build_optimizer, build_scheduler
@@ -94,6 +94,7 @@ def test_word_embedding_std_draws_the_embeddings_and_the_tied_decoder():
     # The mini world's bert-init starts its words wide apart: at BERT's 0.02 the colours ended
     # near one embedding, and pre-training could not tell them apart from the image.
     from transformers import BertConfig, BertForMaskedLM
+
     from vlbert.engine.bert_init import init_word_embeddings
 
     torch.manual_seed(0)
@@ -112,7 +113,7 @@ def test_bert_init_checkpoint_loads_into_vlbert(smoke_study):
     from vlbert.engine.build import build_model
     from vlbert.modeling import VLBertForPreTraining
 
-    model, report = build_model(VLBertForPreTraining, {}, smoke_study["bert"], smoke_study["detector"])
+    _, report = build_model(VLBertForPreTraining, {}, smoke_study["bert"], smoke_study["detector"])
     assert report["new"] and all(
         n.startswith(("vlbert.visual_embeddings.", "mlm.", "roi_head.", "relation_head."))
         for n in report["new"]
@@ -175,6 +176,7 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
     assert config["tune_frcnn"] is SETTINGS[name].tune_frcnn
     # The features are centred on the caption images' mean, and the checkpoint keeps it.
     from safetensors.torch import load_file
+
     from vlbert.data.feature_store import FeatureStore
     from vlbert.engine.data import CaptionDataset, feature_mean
 
@@ -187,8 +189,9 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
     saved = load_file(str(out / "best" / "model.safetensors"))["vlbert.visual_embeddings.appearance_mean"]
     assert saved.abs().sum() > 0 and torch.equal(saved, feature_mean(c["regions"] for c in captions))
     # The checkpoint the study wrote is a transformers one: its class and AutoModel load it.
-    import vlbert  # noqa: F401  (registers the Auto classes)
     from transformers import AutoModel
+
+    import vlbert  # noqa: F401  (registers the Auto classes)
     from vlbert.modeling import VLBertForPreTraining, VLBertModel
 
     model = VLBertForPreTraining.from_pretrained(out / "best")
@@ -230,6 +233,7 @@ def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_
 
 def test_tune_frcnn_changes_the_fast_rcnn_only_in_full(smoke_study):
     from safetensors.torch import load_file
+
     from vlbert.detection.model import WEIGHTS_FILE
 
     detector = load_file(str(smoke_study["detector"] / WEIGHTS_FILE))
@@ -269,6 +273,7 @@ def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tm
     assert metrics["setting"] == "no_pretrain" and metrics["task"] == task and metrics["seed"] == 0
     # Without pre-training, the features are centred on the task's own training images.
     from safetensors.torch import load_file
+
     from vlbert.engine.build import load_processor
     from vlbert.engine.data import feature_mean
     from vlbert.engine.tasks import build_task
@@ -355,10 +360,11 @@ def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp
     """`full` tuned Fast R-CNN in pre-training: tune-features recomputes a store with the tuned
     module once (the features it computes from the images), and fine-tuning `full` reads them."""
     import numpy as np
+
+    from vlbert.data.errors import DataFormatError
     from vlbert.data.feature_store import FeatureStore
     from vlbert.detection.sources import image_items
     from vlbert.detection.train import load_image
-    from vlbert.data.errors import DataFormatError
     from vlbert.engine.tuned_features import check_store_features
     from vlbert.modeling import VLBertForPreTraining
 
@@ -438,9 +444,9 @@ class FakeFastRCNN:
 def test_fine_tuning_refuses_the_features_of_another_fast_rcnn(tmp_path):
     """Fine-tuning reads the stores' features as they are: `full` only those its own tuned Fast
     R-CNN made (`vlbert tune-features`), every other setting only the detector's."""
+    from conftest import tiny_store
     from PIL import Image
 
-    from conftest import tiny_store
     from vlbert.data.errors import DataFormatError
     from vlbert.engine.tuned_features import check_store_features, tune_store
 
@@ -878,6 +884,7 @@ def _killed_at_step(monkeypatch, step):
     """Training stops as if killed before step `step` (the checkpoint of step 5 exists from step 6 on),
     and the MLflow run is never marked ended."""
     from mlflow.tracking import MlflowClient
+
     from vlbert.engine.loop import TrainingLoop
 
     trains = TrainingLoop._step
@@ -1029,6 +1036,7 @@ def test_a_continued_run_keeps_its_params_and_takes_its_new_sweep_run(tmp_path):
     # A re-run sweep's trial continues its run: under the new sweep run, its first params kept
     # (MLflow refuses to change them), the params it lacked added.
     from mlflow.tracking import MlflowClient
+
     from vlbert.tracking import MLflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

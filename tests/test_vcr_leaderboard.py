@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO
+
 from vlbert.cli import main
 from vlbert.data.feature_store import merge_shards, write_shard
 

@@ -188,7 +188,7 @@ def _bert_init(args) -> int:
     from .engine.bert_init import bert_init
     from .io import write_json
 
-    config, device, results, _, processor, tracker = _training_context(args, "bert_init", {})
+    config, _, _, _, processor, tracker = _training_context(args, "bert_init", {})
     if "bert_init" not in config:
         raise ValueError(
             f"{args.config}: bert_init: missing required key (the paper preset names a BERT "
@@ -343,14 +343,21 @@ def _sweep(args) -> int:
     return 0
 
 
+def _ui(args) -> int:
+    from .config import load_config
+    from .study.ui import serve
+
+    return serve(load_config(args.config), args.host, args.port, args.tracking_uri)
+
+
 def _report(args) -> int:
     from .config import dataset_root, load_config
     from .study.report import write_report
-    from .tracking import default_tracking_uri
+    from .tracking import default_tracking_uri, experiment_name
 
     config = load_config(args.config)
     uri = args.tracking_uri or default_tracking_uri(config)
-    experiment = (config.get("tracking") or {}).get("experiment") or f"vlbert-ablation-{config['name']}"
+    experiment = experiment_name(config)
     sweeps = sorted(Path(args.sweeps or Path("results") / config["name"] / "sweep").glob("*/*/best.json"))
     vcr_val = dataset_root(config, "vcr") / "val.jsonl"
     summary = write_report(
@@ -443,7 +450,7 @@ def _vcr_leaderboard(args) -> int:
     from .engine.vcr_leaderboard import run_metrics, write_vcr_submission
     from .study.registry import setting
 
-    config, device, results, bert, processor, _ = _training_context(args, "vcr_leaderboard", {}, tracked=False)
+    config, device, results, _, processor, _ = _training_context(args, "vcr_leaderboard", {}, tracked=False)
     chosen = setting(run_metrics(args.qa2r, "vcr_qa2r")["setting"])
     pretrained = args.pretrained or (results / "pretrain" / chosen.name / "best" if chosen.pretrains else None)
     summary = write_vcr_submission(
@@ -593,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser(
         "pretrain",
         help="pre-train one setting of the ablation",
-        description="Pre-train VL-BERT with one setting's tasks (DESIGN.md section 1). "
+        description="Pre-train VL-BERT with one setting's tasks (the settings: vlbert/study/registry.py). "
         "Re-running the same command resumes from the last checkpoint.",
     )
     p.add_argument("--config", required=True)
@@ -674,8 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
         "vcr-leaderboard",
         help="the VCR leaderboard's submission CSV from a Q->A and a QA->R run",
         description="The leaderboard's CSV (annot_id, answer_0..3, "
-        "rationale_conditioned_on_a{i}_{j}): the answer scores from the Q->A run's predictions_<split>.json, the rationale "
-        "scores after each of the four answers from the QA->R run's best model. A "
+        "rationale_conditioned_on_a{i}_{j}): the answer scores from the Q->A run's predictions_<split>.json, "
+        "the rationale scores after each of the four answers from the QA->R run's best model. A "
         "labelled split's CSV is also scored as the leaderboard scores it.",
     )
     p.add_argument("--config", required=True, help="preset YAML")
@@ -709,6 +716,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the preset's)")
     p.add_argument("--sweeps", help="folder of <setting>/<task>/best.json (default: results/<preset>/sweep)")
     p.set_defaults(func=_report)
+
+    p = verbs.add_parser(
+        "ui",
+        help="MLflow's UI over the preset's runs, opened on the study's runs table",
+        description="Print the address of the study's runs table, then serve MLflow's UI over the "
+        "preset's tracking store (a tracking server: only print the address).",
+    )
+    p.add_argument("--config", required=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the preset's)")
+    p.set_defaults(func=_ui)
 
     from .evaluation.refcoco_eval import IOU_CONVENTIONS
 

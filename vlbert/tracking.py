@@ -60,6 +60,11 @@ class NullTracker:
         pass
 
 
+def experiment_name(config: dict) -> str:
+    """The MLflow experiment of a preset's runs: tracking.experiment, else vlbert-ablation-<preset>."""
+    return (config.get("tracking") or {}).get("experiment") or f"vlbert-ablation-{config['name']}"
+
+
 def default_tracking_uri(config: dict) -> str:
     """The preset's tracking.uri, else $MLFLOW_TRACKING_URI, else SQLite under results/<preset>/."""
     uri = (config.get("tracking") or {}).get("uri") or os.environ.get("MLFLOW_TRACKING_URI")
@@ -203,6 +208,7 @@ class MLflowTracker:
 
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
         import time
+
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -236,7 +242,10 @@ def make_tracker(
 ) -> Tracker:
     if not enabled or os.environ.get("VLBERT_NO_TRACKING") == "1":
         return NullTracker()
-    experiment = (config.get("tracking") or {}).get("experiment") or f"vlbert-ablation-{config['name']}"
     return MLflowTracker(
-        default_tracking_uri(config), experiment, run_name, {"preset": config["name"], **tags}, parent_run_id
+        default_tracking_uri(config),
+        experiment_name(config),
+        run_name,
+        {"preset": config["name"], **tags},
+        parent_run_id,
     )

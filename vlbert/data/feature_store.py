@@ -31,17 +31,16 @@ ARRAYS = ("boxes", "labels", "probs", "scores", "features", "box_ids")
 def write_shard(path, keys: list[str], results, skipped: list[tuple[str, str]]) -> None:
     """One batch: its images' results (RoIResult-like) and the images skipped as unreadable."""
     arrays = {name: np.concatenate([getattr(r, name) for r in results]) if results else np.zeros(0) for name in ARRAYS}
-    with io.atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(
-                f,
-                keys=np.array(keys, dtype=str),
-                counts=np.array([len(r.boxes) for r in results], dtype=np.int64),
-                width=np.array([r.width for r in results], dtype=np.int32),
-                height=np.array([r.height for r in results], dtype=np.int32),
-                skipped=np.array(["\t".join(s) for s in skipped], dtype=str),
-                **arrays,
-            )
+    with io.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(
+            f,
+            keys=np.array(keys, dtype=str),
+            counts=np.array([len(r.boxes) for r in results], dtype=np.int64),
+            width=np.array([r.width for r in results], dtype=np.int32),
+            height=np.array([r.height for r in results], dtype=np.int32),
+            skipped=np.array(["\t".join(s) for s in skipped], dtype=str),
+            **arrays,
+        )
 
 
 def _parts_folder(out) -> Path:
@@ -76,22 +75,19 @@ def merge_shards(shards: list[Path], out, attrs: dict) -> dict:
         raise ValueError(f"{out}: duplicate image keys across shards")
     counts = np.concatenate([p["counts"] for p in loaded]) if loaded else np.zeros(0, np.int64)
     skipped = [s.split("\t", 1) for p in parts for s in p["skipped"].tolist()]
-    with io.atomic_path(out) as tmp:
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("keys", data=np.array(keys, dtype=object), dtype=h5py.string_dtype())
-            f.create_dataset("offsets", data=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-            for name in ("width", "height"):
-                f.create_dataset(
-                    name, data=np.concatenate([p[name] for p in loaded]) if loaded else np.zeros(0, np.int32)
-                )
-            for name in ARRAYS:
-                if loaded:
-                    f.create_dataset(name, data=np.concatenate([p[name] for p in loaded]))
-            for key, value in attrs.items():
-                f.attrs[key] = value if isinstance(value, (int, float, str)) else json.dumps(value)
-            f.attrs["skipped"] = json.dumps(skipped)
-            f.attrs["num_skipped"] = len(skipped)
-            f.attrs["num_images"] = len(keys)
+    with io.atomic_path(out) as tmp, h5py.File(tmp, "w") as f:
+        f.create_dataset("keys", data=np.array(keys, dtype=object), dtype=h5py.string_dtype())
+        f.create_dataset("offsets", data=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+        for name in ("width", "height"):
+            f.create_dataset(name, data=np.concatenate([p[name] for p in loaded]) if loaded else np.zeros(0, np.int32))
+        for name in ARRAYS:
+            if loaded:
+                f.create_dataset(name, data=np.concatenate([p[name] for p in loaded]))
+        for key, value in attrs.items():
+            f.attrs[key] = value if isinstance(value, (int, float, str)) else json.dumps(value)
+        f.attrs["skipped"] = json.dumps(skipped)
+        f.attrs["num_skipped"] = len(skipped)
+        f.attrs["num_images"] = len(keys)
     return {"images": len(keys), "regions": int(counts.sum()), "skipped": len(skipped)}
 
 

@@ -59,7 +59,7 @@ class DetectorConfig:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "DetectorConfig":
+    def from_json(cls, data: dict) -> DetectorConfig:
         data = dict(data)
         for key in ("widths", "blocks", "anchor_sizes", "aspect_ratios"):
             data[key] = tuple(data[key])

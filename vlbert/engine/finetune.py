@@ -15,9 +15,9 @@ import torch
 
 from .. import io
 from .build import build_model
+from .checkpoint import input_identity
 from .data import feature_mean
 from .device import move_to
-from .checkpoint import input_identity
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order

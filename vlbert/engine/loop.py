@@ -23,10 +23,10 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors.torch import load_file
@@ -245,7 +245,7 @@ class TrainingLoop:
                     leave=False,
                 )
                 pending = loader.submit(self.make_batch, epoch, todo[0]) if todo else None
-                for position, b in enumerate(todo):
+                for position, _ in enumerate(todo):
                     waited = time.perf_counter()
                     batch = pending.result()
                     started = time.perf_counter()

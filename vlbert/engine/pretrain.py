@@ -21,9 +21,9 @@ import torch
 
 from ..modeling import VLBertForPreTraining
 from .build import build_model
-from .device import move_to
-from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean
 from .checkpoint import input_identity
+from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean
+from .device import move_to
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order

@@ -106,11 +106,14 @@ def check_store_features(setting, store_paths, pretrained) -> None:
         if tuned_by is None and wanted is None:
             continue
         same_path = tuned_by is not None and wanted is not None and str(tuned_by) == str(wanted)
-        if wanted is not None and tuned_by is not None:
-            # Stores that record the weights match by them (a copied checkpoint still matches);
-            # older ones by the checkpoint's path.
-            if (str(weights) == wanted_weights) if weights is not None else same_path:
-                continue
+        # Stores that record the weights match by them (a copied checkpoint still matches);
+        # older ones by the checkpoint's path.
+        if (
+            wanted is not None
+            and tuned_by is not None
+            and ((str(weights) == wanted_weights) if weights is not None else same_path)
+        ):
+            continue
         found = (
             DETECTOR_FEATURES
             if tuned_by is None

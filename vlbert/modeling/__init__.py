@@ -20,13 +20,13 @@ def register_auto_classes() -> None:
 
 
 __all__ = [
-    "VLBertConfig",
     "FastRCNN",
-    "VLBertModel",
+    "VLBertConfig",
     "VLBertForPreTraining",
-    "VLBertForVQA",
-    "VLBertForVCR",
     "VLBertForRefCOCO",
+    "VLBertForVCR",
+    "VLBertForVQA",
+    "VLBertModel",
     "VLBertProcessor",
     "register_auto_classes",
 ]

@@ -80,7 +80,7 @@ class VLBertProcessor:
         self.first_word_id = 1 + max(i for t, i in vocab.items() if t.startswith("[") and t.endswith("]"))
 
     @classmethod
-    def from_pretrained(cls, path=None, max_text_length: int = 64) -> "VLBertProcessor":
+    def from_pretrained(cls, path=None, max_text_length: int = 64) -> VLBertProcessor:
         return cls(BertTokenizerFast.from_pretrained(str(path or default_tokenizer_path())), max_text_length)
 
     def save_pretrained(self, folder) -> None:

@@ -15,13 +15,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import yaml
 
-from .. import io  # noqa: E402
-from .registry import SETTINGS, TABLE4_TASKS  # noqa: E402
+from .. import io
+from .registry import SETTINGS, TABLE4_TASKS
 
 # Which split each Table 4 column reports (the paper's: VCR val, VQA test-dev, RefCOCO+ val).
 TABLE4_SPLIT = {"vcr_q2a": "val", "vcr_qa2r": "val", "vqa": "test", "refcoco_det": "val"}

@@ -1,4 +1,6 @@
 # Helpers shared by the rules: config validation, canonical names, output paths.
+import os
+
 from snakemake.utils import validate
 
 from vlbert.config import study_seeds
@@ -40,9 +42,16 @@ SWEEP_THREADS = min(workflow.cores, config.get("sweep", {}).get("cpus_per_trial"
                     * config.get("sweep", {}).get("concurrent_trials", 1))
 SEEDS = study_seeds(config)
 REPORT = f"reports/{PRESET}"
+# Every rule runs in the one environment of the package (`--use-conda` builds it; `make` builds .venv).
+CONDA_ENV = "../envs/vlbert.yaml"
 # Jobs that train ask for a GPU when the preset trains on one (the SLURM profile maps it).
 GPU = 1 if str(config.get("device", "cpu")).startswith("cuda") else 0
 DEVICE = config.get("device", "cpu")
+def data_root(wildcards):
+    """The data root: the synthetic world make_data writes, or the real data sets (given)."""
+    return DATA
+
+
 def data_outputs(datasets=SYNTHETIC_DATASETS):
     """The make-data stamps of these data sets; nothing for real data, which is given."""
     if config["data"]["source"] != "synthetic":
@@ -54,13 +63,14 @@ def feature_outputs():
     return [f"{RESULTS}/features/{store_name(*store)}.h5" for store in FEATURE_STORES]
 
 
-def bert_checkpoint():
-    """The preset's BERT (a hub id or folder), else the one bert_init trains."""
-    return config.get("model", {}).get("bert") or f"{RESULTS}/bert_init/bert"
-
-
 def bert_input():
     return [] if config.get("model", {}).get("bert") else [f"{RESULTS}/bert_init/bert/config.json"]
+
+
+def bert_param(wildcards, input):
+    """The BERT a job reads: the preset's (a hub id or folder), else the folder of bert_init's
+    config.json, named by the job's input."""
+    return config.get("model", {}).get("bert") or os.path.dirname(input.bert[0])
 
 
 def pretrained_input(wildcards):

@@ -14,11 +14,15 @@ rule train_detector:
         f"{RESULTS}/benchmarks/train_detector.tsv",
     params:
         preset=preset_file(),
+        data=lambda wc: f"{data_root(wc)}/detector",
+        out=lambda wc, output: os.path.dirname(output.weights),
         depends=depends_on("seed", "detector"),
     threads: workflow.cores
+    conda:
+        CONDA_ENV
     shell:
-        "vlbert train-detector --config {params.preset} --data {DATA}/detector "
-        "--out {RESULTS}/detector --threads {threads} > {log} 2>&1"
+        "vlbert train-detector --config {params.preset} --data {params.data} "
+        "--out {params.out} --threads {threads} > {log} 2>&1"
 
 
 rule extract_rois:
@@ -34,10 +38,14 @@ rule extract_rois:
     params:
         preset=preset_file(),
         gt=lambda wc: "--gt-boxes" if wc.boxes == "gt" else "",
+        data=data_root,
+        detector=lambda wc, input: os.path.dirname(input.detector),
         depends=depends_on("features"),
     priority: extract_priority
     threads: workflow.cores
+    conda:
+        CONDA_ENV
     shell:
-        "vlbert extract-rois --config {params.preset} --data {DATA} --detector {RESULTS}/detector "
+        "vlbert extract-rois --config {params.preset} --data {params.data} --detector {params.detector} "
         "--dataset '{wildcards.dataset}' --split {wildcards.split} {params.gt} --out {output} "
         "--threads {threads} --quiet > {log} 2>&1"

@@ -7,10 +7,10 @@
 
 rule sweep:
     input:
-        pretrained_input,
-        bert_input(),
-        task_features,
-        rules.train_detector.output.weights,
+        pretrained=pretrained_input,
+        bert=bert_input(),
+        features=task_features,
+        detector=rules.train_detector.output.weights,
     output:
         [f"{RESULTS}/sweep/{{setting}}/{task}/best.json" for task in TASKS],
     log:
@@ -19,24 +19,30 @@ rule sweep:
         f"{RESULTS}/benchmarks/sweep/{{setting}}.tsv",
     params:
         preset=preset_file(),
-        bert=bert_checkpoint(),
+        bert=bert_param,
         tasks=" ".join(TASKS),
+        data=data_root,
         features=task_features_dir,
+        out=lambda wc: f"{RESULTS}/sweep/{wc.setting}",
+        device=DEVICE,
         depends=depends_on("finetune", "sweep", "training"),
     priority: 10
     threads: SWEEP_THREADS
     resources:
         gpu=GPU,
+    conda:
+        CONDA_ENV
     shell:
         "vlbert sweep --config {params.preset} --setting {wildcards.setting} --task {params.tasks} "
-        "--data {DATA} --features {params.features} --bert {params.bert} --out {RESULTS}/sweep/{wildcards.setting} "
-        "--cores {threads} --device {DEVICE} --quiet > {log} 2>&1"
+        "--data {params.data} --features {params.features} --bert {params.bert} --out {params.out} "
+        "--cores {threads} --device {params.device} --quiet > {log} 2>&1"
 
 
 rule finetune_seeds:
     input:
         best=[f"{RESULTS}/sweep/{{setting}}/{task}/best.json" for task in TASKS],
         pretrained=pretrained_input,
+        bert=bert_input(),
         features=task_features,
     output:
         [f"{RESULTS}/finetune/{{setting}}/{task}/seed{seed}/metrics.json" for task in TASKS for seed in SEEDS],
@@ -46,16 +52,22 @@ rule finetune_seeds:
         f"{RESULTS}/benchmarks/finetune_seeds/{{setting}}.tsv",
     params:
         preset=preset_file(),
-        bert=bert_checkpoint(),
+        bert=bert_param,
         tasks=" ".join(TASKS),
         seeds=" ".join(str(s) for s in SEEDS),
+        data=data_root,
         features=task_features_dir,
+        sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
+        out=lambda wc: f"{RESULTS}/finetune/{wc.setting}",
+        device=DEVICE,
         depends=depends_on("finetune", "training", "sweep.seeds"),
     threads: 1
     resources:
         gpu=GPU,
+    conda:
+        CONDA_ENV
     shell:
         "vlbert finetune --config {params.preset} --setting {wildcards.setting} --task {params.tasks} "
-        "--lr-from {RESULTS}/sweep/{wildcards.setting} --continue-trial --seed {params.seeds} --data {DATA} "
+        "--lr-from {params.sweep} --continue-trial --seed {params.seeds} --data {params.data} "
         "--features {params.features} --bert {params.bert} "
-        "--out {RESULTS}/finetune/{wildcards.setting} --threads {threads} --device {DEVICE} --quiet > {log} 2>&1"
+        "--out {params.out} --threads {threads} --device {params.device} --quiet > {log} 2>&1"

@@ -26,5 +26,8 @@ rule report:
         f"{RESULTS}/benchmarks/report.tsv",
     params:
         preset=preset_file(),
+        out=lambda wc, output: os.path.dirname(output.table),
+    conda:
+        CONDA_ENV
     shell:
-        "vlbert report --config {params.preset} --out {REPORT} > {log} 2>&1"
+        "vlbert report --config {params.preset} --out {params.out} > {log} 2>&1"

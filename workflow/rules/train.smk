@@ -18,21 +18,28 @@ rule bert_init:
         f"{RESULTS}/benchmarks/bert_init.tsv",
     params:
         preset=preset_file(),
+        data=data_root,
+        out=lambda wc, output: os.path.dirname(os.path.dirname(output[0])),
+        device=DEVICE,
         depends=depends_on("seed", "model", "bert_init"),
     threads: workflow.cores
     resources:
         gpu=GPU,
+    conda:
+        CONDA_ENV
     shell:
-        "vlbert bert-init --config {params.preset} --data {DATA} --out {RESULTS}/bert_init "
-        "--threads {threads} --device {DEVICE} --quiet > {log} 2>&1"
+        "vlbert bert-init --config {params.preset} --data {params.data} --out {params.out} "
+        "--threads {threads} --device {params.device} --quiet > {log} 2>&1"
 
 
 rule pretrain:
     input:
-        bert_input(),
-        rules.train_detector.output.weights,
-        f"{RESULTS}/features/conceptual_captions.train.det.h5",
-        f"{RESULTS}/features/conceptual_captions.val.det.h5",
+        bert=bert_input(),
+        detector=rules.train_detector.output.weights,
+        captions=[
+            f"{RESULTS}/features/conceptual_captions.train.det.h5",
+            f"{RESULTS}/features/conceptual_captions.val.det.h5",
+        ],
     output:
         f"{RESULTS}/pretrain/{{setting}}/best/model.safetensors",
     log:
@@ -41,7 +48,10 @@ rule pretrain:
         f"{RESULTS}/benchmarks/pretrain/{{setting}}.tsv",
     params:
         preset=preset_file(),
-        bert=bert_checkpoint(),
+        bert=bert_param,
+        data=data_root,
+        out=lambda wc: f"{RESULTS}/pretrain/{wc.setting}",
+        device=DEVICE,
         depends=depends_on("seed", "model", "pretrain", "training"),
     # Pre-training heads the longest chains (pretrain -> sweep -> seeds), so it goes first when
     # cores are short, the longest first. Without priorities a mini run started setting d's
@@ -51,10 +61,12 @@ rule pretrain:
     threads: workflow.cores
     resources:
         gpu=GPU,
+    conda:
+        CONDA_ENV
     shell:
-        "vlbert pretrain --config {params.preset} --setting {wildcards.setting} --data {DATA} "
-        "--bert {params.bert} --out {RESULTS}/pretrain/{wildcards.setting} --threads {threads} "
-        "--device {DEVICE} --quiet > {log} 2>&1"
+        "vlbert pretrain --config {params.preset} --setting {wildcards.setting} --data {params.data} "
+        "--bert {params.bert} --out {params.out} --threads {threads} "
+        "--device {params.device} --quiet > {log} 2>&1"
 
 
 rule tune_features:
@@ -69,11 +81,17 @@ rule tune_features:
         f"{RESULTS}/benchmarks/tune_features/{{setting}}.tsv",
     params:
         preset=preset_file(),
+        pretrained=lambda wc, input: os.path.dirname(input.pretrained),
+        out=lambda wc: f"{RESULTS}/features/tuned/{wc.setting}",
+        data=data_root,
+        device=DEVICE,
     priority: pretrain_priority
     threads: workflow.cores
     resources:
         gpu=GPU,
+    conda:
+        CONDA_ENV
     shell:
-        "vlbert tune-features --config {params.preset} --pretrained {RESULTS}/pretrain/{wildcards.setting}/best "
-        "--store {input.stores} --out {RESULTS}/features/tuned/{wildcards.setting} --data {DATA} "
-        "--threads {threads} --device {DEVICE} --quiet > {log} 2>&1"
+        "vlbert tune-features --config {params.preset} --pretrained {params.pretrained} "
+        "--store {input.stores} --out {params.out} --data {params.data} "
+        "--threads {threads} --device {params.device} --quiet > {log} 2>&1"
