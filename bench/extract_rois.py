@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
+from vlbert.data.images import load_image
 from vlbert.detection.backends import TorchvisionBackend
 from vlbert.detection.extract import extract_to_store
 from vlbert.detection.model import load_detector
 from vlbert.detection.rules import BoxRule
 from vlbert.detection.sources import image_items
-from vlbert.detection.train import load_image
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from vlbert.config import load_config
 from vlbert.engine.build import load_processor
 from vlbert.engine.finetune import finetune
 from vlbert.engine.pretrain import pretrain
-from vlbert.study.registry import SETTINGS, TASKS
+from vlbert.registry import SETTINGS, TASKS
 from vlbert.tracking import NullTracker
 
 

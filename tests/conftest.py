@@ -122,7 +122,7 @@ def smoke_validation(smoke_study, smoke_config):
     from vlbert.data.feature_store import FeatureStore
     from vlbert.engine.build import load_processor
     from vlbert.engine.data import CaptionDataset, PretrainCollator
-    from vlbert.study.registry import SETTINGS
+    from vlbert.registry import SETTINGS
 
     val = CaptionDataset(
         smoke_study["data"] / "conceptual_captions",

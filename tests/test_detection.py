@@ -78,7 +78,7 @@ def test_rule_numbers_are_configurable():
 
 def test_extraction_applies_the_rule_plus_the_whole_image(backend, smoke_world):
     items = image_items(smoke_world / "vqa", "vqa", "val2014")[:6]
-    from vlbert.detection.train import load_image
+    from vlbert.data.images import load_image
 
     results = backend.extract([load_image(i.path) for i in items], [None] * len(items))
     for r in results:

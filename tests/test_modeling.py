@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from vlbert.data.images import load_image
 from vlbert.detection.backends import TorchvisionBackend
 from vlbert.detection.model import CONFIG_FILE, load_detector
 from vlbert.detection.rules import BoxRule
 from vlbert.detection.sources import image_items
-from vlbert.detection.train import load_image
 from vlbert.modeling import (
     VLBertConfig,
     VLBertForPreTraining,

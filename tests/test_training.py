@@ -19,7 +19,7 @@ from conftest import study_args
 from vlbert.cli import main
 from vlbert.engine.checkpoint import read_state
 from vlbert.engine.optim import build_optimizer, build_scheduler
-from vlbert.study.registry import SETTINGS
+from vlbert.registry import SETTINGS
 
 
 class Tiny(torch.nn.Module):
@@ -363,8 +363,8 @@ def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp
 
     from vlbert.data.errors import DataFormatError
     from vlbert.data.feature_store import FeatureStore
+    from vlbert.data.images import load_image
     from vlbert.detection.sources import image_items
-    from vlbert.detection.train import load_image
     from vlbert.engine.tuned_features import check_store_features
     from vlbert.modeling import VLBertForPreTraining
 

@@ -209,7 +209,7 @@ def _bert_init(args) -> int:
 def _pretrain(args) -> int:
     from .engine.pretrain import pretrain
     from .io import write_json
-    from .study.registry import setting
+    from .registry import setting
 
     chosen = setting(args.setting)
     config, device, results, bert, processor, tracker = _training_context(args, "pretrain", {"setting": chosen.name})
@@ -239,7 +239,7 @@ def _pretrain(args) -> int:
 
 def _finetune(args) -> int:
     from .engine.finetune import finetune
-    from .study.registry import setting
+    from .registry import setting
     from .study.sweep import continue_trial
 
     chosen = setting(args.setting)
@@ -308,7 +308,7 @@ def _swept_lr(lr_from: str, task: str, tasks: int) -> float:
 def _sweep(args) -> int:
     import os
 
-    from .study.registry import setting
+    from .registry import setting
     from .study.sweep import run_sweeps
     from .tracking import make_tracker
 
@@ -448,7 +448,7 @@ def _evaluate_refcoco(args) -> int:
 
 def _vcr_leaderboard(args) -> int:
     from .engine.vcr_leaderboard import run_metrics, write_vcr_submission
-    from .study.registry import setting
+    from .registry import setting
 
     config, device, results, _, processor, _ = _training_context(args, "vcr_leaderboard", {}, tracked=False)
     chosen = setting(run_metrics(args.qa2r, "vcr_qa2r")["setting"])
@@ -584,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_arguments(p)
     p.set_defaults(func=_extract_rois)
 
-    from .study.registry import SETTINGS, TASKS
+    from .registry import SETTINGS, TASKS
 
     p = verbs.add_parser(
         "bert-init",
@@ -600,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser(
         "pretrain",
         help="pre-train one setting of the ablation",
-        description="Pre-train VL-BERT with one setting's tasks (the settings: vlbert/study/registry.py). "
+        description="Pre-train VL-BERT with one setting's tasks (the settings: vlbert/registry.py). "
         "Re-running the same command resumes from the last checkpoint.",
     )
     p.add_argument("--config", required=True)

@@ -17,8 +17,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ..data.feature_store import finish_shards, shard_paths, write_shard
+from ..data.images import load_image
 from .sources import ImageItem
-from .train import load_image
 
 ON_BAD_IMAGE = ("error", "skip")
 

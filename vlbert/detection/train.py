@@ -14,24 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from pycocotools.cocoeval import COCOeval
 from torch.utils.data import DataLoader, Dataset
-from torchvision.transforms.functional import pil_to_tensor
 from tqdm import tqdm
 
 from ..data.coco import read_coco
+from ..data.images import load_image
 from .backends import score_regions
 from .model import DetectorConfig, build_faster_rcnn, save_detector
-
-
-def load_image(path) -> torch.Tensor:
-    """RGB image as float [3, H, W] in [0, 1]; a missing or corrupt file names its path."""
-    try:
-        with Image.open(path) as image:
-            return pil_to_tensor(image.convert("RGB")).float().div_(255)
-    except (OSError, ValueError) as exc:
-        raise OSError(f"cannot read image {path}: {exc}") from None
 
 
 class CocoDetection(Dataset):

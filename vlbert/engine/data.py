@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..data.feature_store import FeatureStore
-from ..detection.train import load_image
+from ..data.images import load_image
 from ..modeling.modeling_vlbert import IGNORE_INDEX, VisualInputs
 from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
 

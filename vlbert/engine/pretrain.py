@@ -1,6 +1,6 @@
 """Pre-training one setting of the ablation on <Caption, Image> pairs (+ the text-only corpus).
 
-The setting (vlbert.study.registry) decides the tasks: masked language modelling with visual
+The setting (vlbert.registry) decides the tasks: masked language modelling with visual
 clues always; masked RoI classification with linguistic clues (b, c, d, full); sentence-image
 relation prediction with 50% mismatched captions (c); the text-only corpus mixed 1:1 per batch
 (d, full); the Fast R-CNN tuned (full) or frozen.

@@ -19,7 +19,7 @@ from torchvision.ops import box_iou
 from ..data.feature_store import FeatureStore
 from ..modeling import VLBertForRefCOCO, VLBertForVCR, VLBertForVQA
 from ..modeling.processing_vlbert import VLBertProcessor, Word, pad_batch
-from ..study.registry import TASK_STORES, store_name
+from ..registry import TASK_STORES, store_name
 from .data import Regions, regions_of, visual_batch
 
 SPLITS = ("train", "val", "test")

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ..data.errors import DataFormatError
 from ..data.feature_store import ARRAYS, FeatureStore, finish_shards, plain_attr, shard_paths, write_shard
-from ..detection.train import load_image
+from ..data.images import load_image
 from .checkpoint import file_identity
 
 TUNED_BY = "tuned_by"  # store attribute: the pre-trained checkpoint whose Fast R-CNN made the features

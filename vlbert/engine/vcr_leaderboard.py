@@ -22,7 +22,7 @@ from ..evaluation.vcr_eval import (
     write_leaderboard_csv,
 )
 from ..modeling import VLBertForVCR
-from ..study.registry import setting as setting_named
+from ..registry import setting as setting_named
 from .finetune import predict
 from .tasks import build_task, features_path
 from .tuned_features import check_store_features

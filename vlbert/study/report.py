@@ -21,7 +21,7 @@ import pandas as pd
 import yaml
 
 from .. import io
-from .registry import SETTINGS, TABLE4_TASKS
+from ..registry import SETTINGS, TABLE4_TASKS
 
 # Which split each Table 4 column reports (the paper's: VCR val, VQA test-dev, RefCOCO+ val).
 TABLE4_SPLIT = {"vcr_q2a": "val", "vcr_qa2r": "val", "vqa": "test", "refcoco_det": "val"}

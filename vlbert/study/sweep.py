@@ -135,7 +135,7 @@ def _trial(config: dict) -> None:
 
     from ..engine.build import load_processor
     from ..engine.finetune import finetune
-    from .registry import setting
+    from ..registry import setting
 
     torch.set_num_threads(config["threads"])
     marker = os.environ.get(FAULT_ONCE)

@@ -4,7 +4,7 @@ import os
 from snakemake.utils import validate
 
 from vlbert.config import study_seeds
-from vlbert.study.registry import SETTINGS, TASK_STORES, TASKS, store_name
+from vlbert.registry import SETTINGS, TASK_STORES, TASKS, store_name
 
 validate(config, schema="../schemas/config.schema.yaml")
 

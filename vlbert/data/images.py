@@ -1,0 +1,16 @@
+"""Image loading, one way for the detector, RoI extraction and the tuned Fast R-CNN."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+from torchvision.transforms.functional import pil_to_tensor
+
+
+def load_image(path) -> torch.Tensor:
+    """RGB image as float [3, H, W] in [0, 1]; a missing or corrupt file names its path."""
+    try:
+        with Image.open(path) as image:
+            return pil_to_tensor(image.convert("RGB")).float().div_(255)
+    except (OSError, ValueError) as exc:
+        raise OSError(f"cannot read image {path}: {exc}") from None
