@@ -61,30 +61,19 @@ def smoke_study(smoke_config, smoke_world, smoke_detector, tmp_path_factory):
     from vlbert.detection.model import load_detector
     from vlbert.detection.rules import BoxRule
     from vlbert.detection.sources import image_items
+    from vlbert.registry import FEATURE_STORES
 
     root = tmp_path_factory.mktemp("smoke_study")
     model, det_config = load_detector(smoke_detector)
     backend = TorchvisionBackend(model, det_config, BoxRule())
-    stores = [
-        ("conceptual_captions", "train", "det"),
-        ("conceptual_captions", "val", "det"),
-        ("vqa", "train2014", "det"),
-        ("vqa", "val2014", "det"),
-        ("vqa", "test-dev2015", "det"),
-        ("vcr", "train", "gt"),
-        ("vcr", "val", "gt"),
-        ("vcr", "test", "gt"),
-        ("refcoco+", "all", "det"),
-        ("refcoco+", "all", "gt"),
-    ]
-    for dataset, split, boxes in stores:
-        items = image_items(smoke_world / dataset, dataset, split, gt_boxes=boxes == "gt")
+    for store in FEATURE_STORES:
+        items = image_items(smoke_world / store.dataset, store.dataset, store.split, gt_boxes=store.boxes == "gt")
         extract_to_store(
             backend,
             items,
-            root / "features" / f"{dataset}.{split}.{boxes}.h5",
+            root / "features" / f"{store.name}.h5",
             progress=False,
-            attrs={"dataset": dataset, "split": split},
+            attrs={"dataset": store.dataset, "split": store.split},
         )
     assert (
         main(
@@ -121,8 +110,8 @@ def smoke_validation(smoke_study, smoke_config):
 
     from vlbert.data.feature_store import FeatureStore
     from vlbert.engine.build import load_processor
-    from vlbert.engine.data import CaptionDataset, PretrainCollator
     from vlbert.registry import SETTINGS
+    from vlbert.tasks.pretraining import CaptionDataset, PretrainCollator
 
     val = CaptionDataset(
         smoke_study["data"] / "conceptual_captions",

@@ -416,7 +416,7 @@ def test_broken_feature_store_names_the_file(tmp_path, damage, problem, preload)
 def test_store_of_another_data_set_is_refused(refcoco_fixture, tmp_path):
     """The VQA train store where RefCOCO+'s is expected: its image ids could match and give
     another data set's features without a word."""
-    from vlbert.engine.tasks import build_task
+    from vlbert import tasks
 
     data, features = tmp_path / "data", tmp_path / "features"
     (data / "refcoco+").mkdir(parents=True)
@@ -429,15 +429,15 @@ def test_store_of_another_data_set_is_refused(refcoco_fixture, tmp_path):
         r"mode 'detected', but dataset 'refcoco\+', split 'all', mode 'detected' "
         r"is expected here",
     ):
-        build_task("refcoco_det", None, data, features)
+        tasks.build("refcoco_det", None, data, features)
     tiny_store(features / "refcoco+.all.gt.h5", keys=["581857", "9"], dataset="refcoco+", split="all")
     with pytest.raises(DataFormatError, match=r"refcoco\+\.all\.gt\.h5: .* mode 'detected', but .* mode 'gt'"):
-        build_task("refcoco_gt", None, data, features)
+        tasks.build("refcoco_gt", None, data, features)
     tiny_store(features / "refcoco+.all.det.h5", keys=["581857", "9"])
     with pytest.raises(DataFormatError, match=r"refcoco\+\.all\.det\.h5: no 'dataset' attribute"):
-        build_task("refcoco_det", None, data, features)
+        tasks.build("refcoco_det", None, data, features)
     tiny_store(features / "refcoco+.all.det.h5", keys=["581857", "9"], dataset="refcoco+", split="all")
-    assert len(build_task("refcoco_det", None, data, features).examples("test")) == 4
+    assert len(tasks.build("refcoco_det", None, data, features).examples("test")) == 4
 
 
 def test_extraction_refuses_metadata_outside_the_data_root(tmp_path):

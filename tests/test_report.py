@@ -7,10 +7,10 @@ import pytest
 from conftest import REPO
 
 from vlbert.cli import main
+from vlbert.registry import TABLE4_TASKS
 
 # Accuracies that follow each of the paper's findings (VCR gains most from the text corpus).
 SCORES = {"no_pretrain": 40.0, "a": 45.0, "b": 50.0, "c": 48.0, "d": 55.0, "full": 60.0}
-TASKS = ("vcr_q2a", "vcr_qa2r", "vqa", "refcoco_det")
 
 
 class Store:
@@ -95,7 +95,7 @@ def gappy_study(tmp_path):
     """Two seeds per cell, except: setting c never ran, b has no VQA run, a's RefCOCO+ one seed."""
     store = Store(tmp_path)
     for setting, score in SCORES.items():
-        for task in TASKS:
+        for task in TABLE4_TASKS:
             if setting == "c" or (setting, task) == ("b", "vqa"):
                 continue
             bonus = 1.0 if setting == "d" and task.startswith("vcr") else 0.0
@@ -142,7 +142,7 @@ def test_a_finding_without_data_is_no_data_never_a_disagreement(gappy_study, tmp
 def test_the_report_says_when_it_used_a_run_that_did_not_finish(tmp_path, monkeypatch, capsys):
     store = Store(tmp_path)
     for setting in SCORES:
-        for task in TASKS:
+        for task in TABLE4_TASKS:
             store.run(setting, task, 0, SCORES[setting])
     killed = store.run("a", "vqa", 1, 46.0, status="KILLED")  # logged its figures, then was killed
     running = store.run("b", "vqa", 1, 51.0, status="RUNNING")  # never closed (SIGKILL)
@@ -165,7 +165,7 @@ def test_the_report_says_why_a_run_it_used_was_ended(tmp_path, monkeypatch, caps
     # (vlbert.ended); when its figures are still the newest, the report says why it ended.
     store = Store(tmp_path)
     for setting in SCORES:
-        for task in TASKS:
+        for task in TABLE4_TASKS:
             store.run(setting, task, 0, SCORES[setting])
     killed = store.run("a", "vqa", 1, 46.0, status="KILLED")
     why = "not continued, as it stopped before its first checkpoint; results/run trains again in run 123"

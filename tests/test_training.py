@@ -178,7 +178,8 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
     from safetensors.torch import load_file
 
     from vlbert.data.feature_store import FeatureStore
-    from vlbert.engine.data import CaptionDataset, feature_mean
+    from vlbert.tasks.pretraining import CaptionDataset
+    from vlbert.tasks.regions import feature_mean
 
     captions = CaptionDataset(
         smoke_study["data"] / "conceptual_captions",
@@ -274,11 +275,11 @@ def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tm
     # Without pre-training, the features are centred on the task's own training images.
     from safetensors.torch import load_file
 
+    from vlbert import tasks
     from vlbert.engine.build import load_processor
-    from vlbert.engine.data import feature_mean
-    from vlbert.engine.tasks import build_task
+    from vlbert.tasks.regions import feature_mean
 
-    train = build_task(
+    train = tasks.build(
         task, load_processor(smoke_study["bert"], 40), smoke_study["data"], smoke_study["features"]
     ).examples("train")
     saved = load_file(str(out / "best" / "model.safetensors"))["vlbert.visual_embeddings.appearance_mean"]
@@ -343,10 +344,10 @@ def test_refcoco_never_predicts_the_whole_image(smoke_study):
     """Row 0 of every image's regions is the whole image: scored by the model, never a candidate."""
     from types import SimpleNamespace
 
+    from vlbert import tasks
     from vlbert.engine.build import load_processor
-    from vlbert.engine.tasks import build_task
 
-    task = build_task("refcoco_gt", load_processor(None, 32), smoke_study["data"], smoke_study["features"])
+    task = tasks.build("refcoco_gt", load_processor(None, 32), smoke_study["data"], smoke_study["features"])
     examples = task.examples("val")[:4]
     logits = torch.zeros(len(examples), 1 + max(e["regions"].num_rois for e in examples))
     logits[:, 0], logits[:, 1] = 10.0, 5.0  # the whole image scores highest, then the first region

@@ -23,12 +23,12 @@ FEATURE_DIM = 8
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    from vlbert import tasks
     from vlbert.config import load_config, synthetic_spec
     from vlbert.data.synthetic import make_world
     from vlbert.data.vcr import read_vcr
     from vlbert.engine.build import load_processor
     from vlbert.engine.finetune import predict
-    from vlbert.engine.tasks import build_task
     from vlbert.modeling import VLBertConfig, VLBertForVCR
     from vlbert.modeling.modeling_vlbert import init_weights
     from vlbert.modeling.processing_vlbert import default_tokenizer_path
@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
             init_weights(module, std=0.5)
         run = root / task_name
         model.save_pretrained(run / "best")
-        task = build_task(task_name, processor, root / "data", root / "features")
+        task = tasks.build(task_name, processor, root / "data", root / "features")
         predictions = predict(model.eval(), task, task.examples("test"), 8)
         (run / "predictions_test.json").write_text(json.dumps(predictions))
         (run / "metrics.json").write_text(json.dumps({"setting": "no_pretrain", "task": task_name, "seed": 0}))

@@ -12,7 +12,8 @@ from . import __version__
 
 def _make_data(args) -> int:
     from .config import load_config, synthetic_spec
-    from .data.synthetic import DATASETS, make_world
+    from .data.synthetic import make_world
+    from .registry import DATASETS
 
     config = load_config(args.config)
     out = Path(args.out or config["data"]["root"])
@@ -556,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_arguments(p)
     p.set_defaults(func=_train_detector)
 
-    from .detection.sources import SPLITS
+    from .registry import IMAGE_SPLITS
 
     p = verbs.add_parser(
         "extract-rois",
@@ -566,8 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
         "whole image, or features of given boxes (--gt-boxes). Resumable.",
     )
     p.add_argument("--config", required=True, help="preset YAML")
-    p.add_argument("--dataset", required=True, choices=list(SPLITS))
-    p.add_argument("--split", required=True, help="; ".join(f"{d}: {', '.join(s)}" for d, s in SPLITS.items()))
+    p.add_argument("--dataset", required=True, choices=list(IMAGE_SPLITS))
+    p.add_argument("--split", required=True, help="; ".join(f"{d}: {', '.join(s)}" for d, s in IMAGE_SPLITS.items()))
     p.add_argument("--out", required=True, help="HDF5 file to write")
     p.add_argument("--detector", help="folder written by `vlbert train-detector` (torchvision backend)")
     p.add_argument("--data", help="data root (default: the preset's data.root)")

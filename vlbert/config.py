@@ -12,6 +12,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from .registry import task
+
 SCHEMA_FILE = "config.schema.yaml"
 
 
@@ -109,3 +111,14 @@ def study_seeds(config: dict) -> list[int]:
     """The seeds the chosen learning rates are re-run with (`sweep.seeds`, else the preset's
     seed); sweep trials use the first."""
     return list(config.get("sweep", {}).get("seeds", [config["seed"]]))
+
+
+def finetune_options(config: dict, task_name: str) -> dict:
+    """The task's section of `finetune` (optimiser, schedule, epochs, batch size)."""
+    return config["finetune"][task(task_name).options_key]
+
+
+def finetune_epochs(config: dict, task_name: str) -> int:
+    """The epochs a task fine-tunes for: its section's, times `finetune.epoch_factor` (Table 4: 0.5)."""
+    factor = config["finetune"].get("epoch_factor", 1.0)
+    return max(1, round(finetune_options(config, task_name)["epochs"] * factor))

@@ -11,13 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-SPLITS = {
-    "conceptual_captions": ("train", "val"),
-    "vqa": ("train2014", "val2014", "test-dev2015"),
-    "vcr": ("train", "val", "test"),
-    "refcoco+": ("all",),  # RefCOCO+ splits share one image set
-    "detector": ("train2017", "val2017"),
-}
+from ..registry import IMAGE_SPLITS
+
 GT_BOX_DATASETS = ("vcr", "refcoco+")
 
 
@@ -40,8 +35,8 @@ def _unique(items: list[ImageItem]) -> list[ImageItem]:
 
 def image_items(root, dataset: str, split: str, gt_boxes: bool = False) -> list[ImageItem]:
     root = Path(root)
-    if split not in SPLITS.get(dataset, ()):
-        raise ValueError(f"unknown split {split!r} of {dataset!r}; expected one of {SPLITS.get(dataset, ())}")
+    if split not in IMAGE_SPLITS.get(dataset, ()):
+        raise ValueError(f"unknown split {split!r} of {dataset!r}; expected one of {IMAGE_SPLITS.get(dataset, ())}")
     if gt_boxes and dataset not in GT_BOX_DATASETS:
         raise ValueError(f"ground-truth boxes exist only for {GT_BOX_DATASETS}, not {dataset!r}")
     if dataset == "conceptual_captions":
@@ -98,4 +93,4 @@ def image_items(root, dataset: str, split: str, gt_boxes: bool = False) -> list[
 
         coco = read_coco(root / "annotations" / f"instances_{split}.json", root / split)
         return [ImageItem(str(i), coco.image_root / coco.imgs[i]["file_name"]) for i in sorted(coco.imgs)]
-    raise ValueError(f"unknown data set {dataset!r}; expected one of {tuple(SPLITS)}")
+    raise ValueError(f"unknown data set {dataset!r}; expected one of {tuple(IMAGE_SPLITS)}")

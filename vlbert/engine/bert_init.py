@@ -17,8 +17,8 @@ from transformers import BertConfig, BertForMaskedLM
 from ..data.conceptual_captions import read_captions
 from ..data.text_corpus import read_corpus
 from ..modeling.processing_vlbert import VLBertProcessor, wordpiece_from_texts
+from ..tasks.pretraining import CorpusDataset, TextOnlyCollator
 from .checkpoint import input_identity
-from .data import CorpusDataset, TextOnlyCollator
 from .loop import LoopConfig, TrainingLoop
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import torch
 
-from .. import io
+from .. import io, tasks
+from ..config import finetune_epochs, finetune_options
+from ..tasks.regions import feature_mean
 from .build import build_model
 from .checkpoint import input_identity
-from .data import feature_mean
 from .device import move_to
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order
-from .tasks import build_task
 from .tuned_features import check_store_features
 
 
@@ -65,7 +65,7 @@ def finetune(
         raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")
     # A Fast R-CNN tuned in pre-training no longer matches the detector's features: such a setting
     # reads the stores its frozen copy made (`vlbert tune-features`), every other one the detector's.
-    task = build_task(task_name, processor, data_root, features_dir)
+    task = tasks.build(task_name, processor, data_root, features_dir)
     check_store_features(setting, task.store_paths(), pretrained)
     train, val = task.examples("train"), task.examples("val")
     if setting.pretrains:
@@ -81,8 +81,8 @@ def finetune(
             appearance_mean=feature_mean(e["regions"] for e in train),
         )
     model.to(device)
-    options = preset["finetune"][task.options_key]
-    epochs = max(1, round(options["epochs"] * preset["finetune"].get("epoch_factor", 1.0)))
+    options = finetune_options(preset, task_name)
+    epochs = finetune_epochs(preset, task_name)
     batch_size = options["batch_size"]
     batches = math.ceil(len(train) / batch_size)
     optimizer = build_optimizer(model, options, lr)

@@ -20,14 +20,15 @@ from pathlib import Path
 import torch
 
 from ..modeling import VLBertForPreTraining
+from ..registry import PRETRAINING_STORES
+from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator
+from ..tasks.regions import feature_mean, features_path, open_store
 from .build import build_model
 from .checkpoint import input_identity
-from .data import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, feature_mean
 from .device import move_to
 from .loop import LoopConfig, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
-from .tasks import open_store
 
 IGNORE = -100
 
@@ -130,11 +131,9 @@ def pretrain(
     torch.manual_seed(seed)
     data_root, features_dir, out = Path(data_root), Path(features_dir), Path(out)
     max_rois = preset.get("model", {}).get("max_rois")
+    train_store, val_store = PRETRAINING_STORES["train"], PRETRAINING_STORES["val"]
     captions = CaptionDataset(
-        data_root / "conceptual_captions",
-        "train",
-        open_store(features_dir, "conceptual_captions", "train", "det"),
-        max_rois,
+        data_root / "conceptual_captions", train_store.split, open_store(features_dir, train_store), max_rois
     )
     model, report = build_model(
         VLBertForPreTraining,
@@ -146,10 +145,7 @@ def pretrain(
     )
     model.to(device)
     val = CaptionDataset(
-        data_root / "conceptual_captions",
-        "val",
-        open_store(features_dir, "conceptual_captions", "val", "det"),
-        max_rois,
+        data_root / "conceptual_captions", val_store.split, open_store(features_dir, val_store), max_rois
     )
     corpus = CorpusDataset(data_root / "text_corpus" / "corpus.txt") if setting.text_corpus else None
     collate, text_collate = PretrainCollator(processor, setting, captions), TextOnlyCollator(processor)
@@ -216,8 +212,8 @@ def pretrain(
                 for split in ("train", "val")
             },
             **{
-                f"store.{split}": input_identity(features_dir / f"conceptual_captions.{split}.det.h5")
-                for split in ("train", "val")
+                f"store.{split}": input_identity(features_path(features_dir, store))
+                for split, store in PRETRAINING_STORES.items()
             },
             "corpus": input_identity(data_root / "text_corpus" / "corpus.txt") if corpus else None,
         },

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import tasks
+from ..config import finetune_options
 from ..data.errors import DataFormatError, read_text, require_file, require_same_ids
 from ..evaluation.vcr_eval import (
     CHOICES,
@@ -23,8 +25,8 @@ from ..evaluation.vcr_eval import (
 )
 from ..modeling import VLBertForVCR
 from ..registry import setting as setting_named
+from ..tasks.regions import features_path
 from .finetune import predict
-from .tasks import build_task, features_path
 from .tuned_features import check_store_features
 
 
@@ -95,14 +97,15 @@ def write_vcr_submission(
 
     q2a, qa2r = run_metrics(q2a_run, "vcr_q2a"), run_metrics(qa2r_run, "vcr_qa2r")
     chosen = setting_named(qa2r["setting"])
-    check_store_features(chosen, [features_path(features_dir, "vcr", split, "gt")], pretrained)
-    examples = read_vcr(Path(data_root) / "vcr" / f"{split}.jsonl")
+    task = tasks.build("vcr_qa2r", processor, data_root, features_dir)
+    check_store_features(chosen, [features_path(features_dir, task.spec.stores[split])], pretrained)
+    examples = read_vcr(task.jsonl_path(split))
     annot_ids = [e.annot_id for e in examples]
     answer_probs = answer_probs_of_run(q2a_run, split, annot_ids)
 
-    task = build_task("vcr_qa2r", processor, data_root, features_dir)
     model = VLBertForVCR.from_pretrained(Path(qa2r_run) / "best").to(device)
-    rationale_probs = rationale_probs_after_each_answer(model, task, split, preset["finetune"]["vcr"]["batch_size"])
+    batch_size = finetune_options(preset, task.name)["batch_size"]
+    rationale_probs = rationale_probs_after_each_answer(model, task, split, batch_size)
     write_leaderboard_csv(out, annot_ids, answer_probs, rationale_probs)
 
     summary = {"questions": len(annot_ids), "q2a_setting": q2a["setting"], "qa2r_setting": qa2r["setting"]}

@@ -21,21 +21,8 @@ import pandas as pd
 import yaml
 
 from .. import io
-from ..registry import SETTINGS, TABLE4_TASKS
+from ..registry import DERIVED_TASKS, SETTINGS, TABLE4_TASKS, TASKS
 
-# Which split each Table 4 column reports (the paper's: VCR val, VQA test-dev, RefCOCO+ val).
-TABLE4_SPLIT = {"vcr_q2a": "val", "vcr_qa2r": "val", "vqa": "test", "refcoco_det": "val"}
-TASK_NAMES = {
-    "vcr_q2a": "VCR Q->A",
-    "vcr_qa2r": "VCR QA->R",
-    "vqa": "VQA",
-    "refcoco_det": "RefCOCO+ det",
-    "refcoco_gt": "RefCOCO+ gt",
-    "vcr_q2ar": "VCR Q->AR",
-}
-TASK_TITLES = {
-    t: f"{name} ({'test-dev' if TABLE4_SPLIT.get(t) == 'test' else 'val'})" for t, name in TASK_NAMES.items()
-}
 # What pre-training's validation logs (vlbert.engine.pretrain): masked words right with each caption's
 # own image and with another's, on the same masks, and their difference.
 PRETRAINING_METRICS = ("mlm_accuracy", "mlm_accuracy_other_image", "visual_clue_gain")
@@ -145,8 +132,8 @@ def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "v
     from ..evaluation.vcr_eval import vcr_accuracy
 
     rows = []
-    q2a = finetunes[finetunes["task"] == "vcr_q2a"].set_index(["setting", "seed"])
-    qa2r = finetunes[finetunes["task"] == "vcr_qa2r"].set_index(["setting", "seed"])
+    q2ar = DERIVED_TASKS["vcr_q2ar"]
+    q2a, qa2r = (finetunes[finetunes["task"] == part].set_index(["setting", "seed"]) for part in q2ar.parts)
     for key in q2a.index.intersection(qa2r.index):
         predictions = {}
         for frame in (q2a, qa2r):
@@ -159,7 +146,7 @@ def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "v
             {
                 "setting": key[0],
                 "seed": key[1],
-                "task": "vcr_q2ar",
+                "task": q2ar.name,
                 "stage": "derived",
                 f"{split}_accuracy": vcr_accuracy(labels, predictions)["q2ar"],
             }
@@ -177,7 +164,7 @@ def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
         row = {"setting": setting}
         for task in TABLE4_TASKS:
             values = finetunes[(finetunes["setting"] == setting) & (finetunes["task"] == task)][
-                f"{TABLE4_SPLIT[task]}_accuracy"
+                f"{TASKS[task].table4_split}_accuracy"
             ].dropna()
             row[f"{task}_mean"] = values.mean() if len(values) else math.nan
             row[f"{task}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan  # one seed: no spread
@@ -227,7 +214,7 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
     """table4.{md,csv,tex}; `notes`: what the figures rest on (runs that did not finish), said below the table."""
     published = paper["ablation_table4"]
     marker = " †" if published["provenance"] == "recalled" else ""
-    header = ["setting"] + [f"{TASK_TITLES[t]}" for t in TABLE4_TASKS] + [f"paper {t}{marker}" for t in TABLE4_TASKS]
+    header = ["setting"] + [TASKS[t].table4_title for t in TABLE4_TASKS] + [f"paper {t}{marker}" for t in TABLE4_TASKS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv_rows = []
     for setting in SETTINGS:
@@ -264,7 +251,7 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
         "\\begin{tabular}{l" + "c" * (2 * len(TABLE4_TASKS)) + "}",
         "\\toprule",
         "setting & "
-        + " & ".join(TASK_TITLES[t].replace(">", "$>$") for t in TABLE4_TASKS)
+        + " & ".join(TASKS[t].table4_title.replace(">", "$>$") for t in TABLE4_TASKS)
         + " & "
         + " & ".join(f"paper {i + 1}" for i in range(len(TABLE4_TASKS)))
         + " \\\\",
@@ -393,10 +380,10 @@ def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
         means = [table.loc[s, f"{task}_mean"] for s in settings]
         stds = [0.0 if math.isnan(v) else v for v in (table.loc[s, f"{task}_std"] for s in settings)]  # n < 2: no bar
         axes[0, k].bar(settings, means, yerr=stds, color=colours, capsize=3)
-        axes[0, k].set_title(f"ours: {TASK_TITLES[task]}")
+        axes[0, k].set_title(f"ours: {TASKS[task].table4_title}")
         published = [paper["ablation_table4"]["rows"][s][k] for s in settings]
         axes[1, k].bar(settings, published, color=colours, alpha=0.8)
-        axes[1, k].set_title(f"paper: {TASK_TITLES[task]}")
+        axes[1, k].set_title(f"paper: {TASKS[task].table4_title}")
         for row in (0, 1):
             values = [v for v in (means if row == 0 else published) if not math.isnan(v)]
             if values:
@@ -423,7 +410,7 @@ def figure_heatmap(table: pd.DataFrame, paper: dict, path: Path) -> None:
     for ax, values, title in ((axes[0], ours, "ours"), (axes[1], theirs, "paper")):
         limit = np.nanmax(np.abs(values)) if np.isfinite(values).any() else 1.0
         image = ax.imshow(values, cmap="RdBu", vmin=-limit, vmax=limit)
-        ax.set_xticks(range(len(TABLE4_TASKS)), [TASK_TITLES[t] for t in TABLE4_TASKS], rotation=30, ha="right")
+        ax.set_xticks(range(len(TABLE4_TASKS)), [TASKS[t].table4_title for t in TABLE4_TASKS], rotation=30, ha="right")
         ax.set_yticks(range(len(settings)), settings)
         for i in range(len(settings)):
             for j in range(len(TABLE4_TASKS)):
@@ -447,7 +434,7 @@ def figure_sweeps(sweep_files: list[Path], path: Path) -> None:
             if points:
                 ax.plot(*zip(*sorted(points)), marker="o", label=s["setting"])
         ax.set_xscale("log")
-        ax.set_title(f"LR sweep: {TASK_NAMES.get(task, task)} (val)")
+        ax.set_title(f"LR sweep: {TASKS[task].title if task in TASKS else task} (val)")
         ax.set_xlabel("learning rate")
         ax.set_ylabel("best val accuracy (%)")
         ax.legend(fontsize=7)

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import io
-from ..config import study_seeds
+from ..config import finetune_epochs, study_seeds
+from ..registry import TASKS
 from ..tracking import NullTracker, make_tracker
 
 METRIC = "val_accuracy"
@@ -321,7 +322,7 @@ def _tune(
     }
     configured = int(options.get("concurrent_trials", 0)) or len(grid)
     concurrent = max(1, min(configured, len(grid), int((cores or os.cpu_count() or 1) // max(threads, 1))))
-    scheduler = per_task_asha({task: _epochs(preset, task) for task in tasks})
+    scheduler = per_task_asha({task: finetune_epochs(preset, task) for task in tasks})
     tuner = tune.Tuner(
         tune.with_resources(_trial, {"cpu": threads, "gpu": gpus}),
         param_space=space,
@@ -408,16 +409,7 @@ def sweep_lrs(preset: dict, task: str) -> list[float]:
     """The learning rates to try on a task: sweep.lrs, or its entry for the task's optimiser
     section (vcr, vqa, refcoco) when the rates differ by task (VCR trains with SGD)."""
     lrs = preset["sweep"]["lrs"]
-    return lrs[_options_key(task)] if isinstance(lrs, dict) else lrs
-
-
-def _epochs(preset: dict, task: str) -> int:
-    finetune = preset["finetune"]
-    return max(1, round(finetune[_options_key(task)]["epochs"] * finetune.get("epoch_factor", 1.0)))
-
-
-def _options_key(task: str) -> str:
-    return "vqa" if task == "vqa" else "refcoco" if task.startswith("refcoco") else "vcr"
+    return lrs[TASKS[task].options_key] if isinstance(lrs, dict) else lrs
 
 
 def read_best_lr(path) -> float:

@@ -4,24 +4,19 @@ import os
 from snakemake.utils import validate
 
 from vlbert.config import study_seeds
-from vlbert.registry import SETTINGS, TASK_STORES, TASKS, store_name
+from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TASKS
 
 validate(config, schema="../schemas/config.schema.yaml")
 
 PRESET = config["name"]
 RESULTS = f"results/{PRESET}"
 DATA = config["data"].get("root", f"{RESULTS}/data")
-SYNTHETIC_DATASETS = ["detector", "conceptual_captions", "text_corpus", "vqa", "vcr", "refcoco+"]
-
-
-# The feature stores the study reads: pre-training's captions, then every task's stores.
-FEATURE_STORES = [("conceptual_captions", "train", "det"), ("conceptual_captions", "val", "det")] + sorted(
-    {store for stores in TASK_STORES.values() for store in stores})
-TASK_STORE_NAMES = sorted({store_name(*store) for stores in TASK_STORES.values() for store in stores})
+# The feature stores every task reads (a fine-tuning job's inputs).
+TASK_STORE_NAMES = sorted({store.name for spec in TASKS.values() for store in spec.stores.values()})
 
 
 wildcard_constraints:
-    dataset="|".join(d.replace("+", r"\+") for d in SYNTHETIC_DATASETS),
+    dataset="|".join(d.replace("+", r"\+") for d in DATASETS),
     boxes="det|gt",
     split=r"[A-Za-z0-9-]+",
     setting="|".join(SETTINGS),
@@ -52,7 +47,7 @@ def data_root(wildcards):
     return DATA
 
 
-def data_outputs(datasets=SYNTHETIC_DATASETS):
+def data_outputs(datasets=DATASETS):
     """The make-data stamps of these data sets; nothing for real data, which is given."""
     if config["data"]["source"] != "synthetic":
         return []
@@ -60,7 +55,7 @@ def data_outputs(datasets=SYNTHETIC_DATASETS):
 
 
 def feature_outputs():
-    return [f"{RESULTS}/features/{store_name(*store)}.h5" for store in FEATURE_STORES]
+    return [f"{RESULTS}/features/{store.name}.h5" for store in FEATURE_STORES]
 
 
 def bert_input():

@@ -36,10 +36,7 @@ rule pretrain:
     input:
         bert=bert_input(),
         detector=rules.train_detector.output.weights,
-        captions=[
-            f"{RESULTS}/features/conceptual_captions.train.det.h5",
-            f"{RESULTS}/features/conceptual_captions.val.det.h5",
-        ],
+        captions=[f"{RESULTS}/features/{store.name}.h5" for store in PRETRAINING_STORES.values()],
     output:
         f"{RESULTS}/pretrain/{{setting}}/best/model.safetensors",
     log:

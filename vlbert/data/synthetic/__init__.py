@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ... import io
+from ...registry import DATASETS, TASKS
 from ..vcr import OBJECT_NAMES
 from ..vqa import UNKNOWN_ANSWER
 from . import captions, corpus, refcoco, vcr, vqa
@@ -34,7 +35,6 @@ from .world import (
 )
 
 SPEC_STAMP = ".spec.json"  # the spec a folder was made from; a different spec remakes it
-DATASETS = ("detector", "conceptual_captions", "text_corpus", "vqa", "vcr", "refcoco+")
 CATEGORIES = [{"id": k + 1, "name": s, "supercategory": "shape"} for k, s in enumerate(SHAPES)]
 _CATEGORY_ID = {s: k + 1 for k, s in enumerate(SHAPES)}
 # The detector's set stands in for Visual Genome, whose classes name what things look like: its
@@ -46,11 +46,11 @@ DETECTOR_CATEGORIES = [
     for k, (c, s) in enumerate((c, s) for s in SHAPES for c in COLOURS)
 ]
 _DETECTOR_CATEGORY_ID = {tuple(c["name"].split()): c["id"] for c in DETECTOR_CATEGORIES}
-# COCO image folder names that VQA v2 uses for each of its splits.
+# The spec's VQA splits: the question set the vqa task reads, and the COCO image folder it names.
 VQA_SPLITS = {
-    "train": ("train2014", "train2014"),
-    "val": ("val2014", "val2014"),
-    "test-dev": ("test-dev2015", "test2015"),
+    "train": (TASKS["vqa"].splits["train"][0], "train2014"),
+    "val": (TASKS["vqa"].splits["val"][0], "val2014"),
+    "test-dev": (TASKS["vqa"].splits["test"][0], "test2015"),
 }
 # COCO's files for those image folders, as readers of the VQA layout (VL-BERT's) open them: the
 # instances of train and val, the image list alone for test (COCO releases no test annotations).
@@ -172,7 +172,7 @@ def write_vqa(spec: dict, root: Path) -> None:
             root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
             {**header, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions},
         )
-        if subtype == "test-dev2015":
+        if split == "test-dev":
             # The real test2015 questions hold test-dev's among others; here test-dev is all of test,
             # and VL-BERT's test set is test2015.
             io.write_json(

@@ -1,94 +1,22 @@
-"""Examples for every stage, read with the data set readers and the HDF5 feature stores.
+"""Pre-training's task adapter: caption and text-only examples, masked and batched.
 
-An example is a plain dict: text (a string or a list of `Word`s with object references), the
-image's regions (row 0: the whole image) and the targets. Collators turn a list of them into
-model inputs; the random choices of pre-training (which words and RoIs to mask, which captions
-to mismatch) come from a generator seeded by (seed, epoch, batch), so a resumed run makes the
-same choices as an uninterrupted one.
+The random choices (which words and RoIs to mask, which captions to mismatch) come from a
+generator seeded by (seed, epoch, batch), so a resumed run makes the same choices as an
+uninterrupted one.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..data.feature_store import FeatureStore
-from ..data.images import load_image
-from ..modeling.modeling_vlbert import IGNORE_INDEX, VisualInputs
+from ..modeling.modeling_vlbert import IGNORE_INDEX
 from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
+from .regions import regions_of, visual_batch
 
 MASK_PROBABILITY = 0.15
-
-
-@dataclass
-class Regions:
-    boxes: np.ndarray  # [R+1, 4]
-    labels: np.ndarray  # [R+1] detector class ids
-    features: np.ndarray  # [R+1, D]
-    box_ids: np.ndarray  # [R+1]
-    width: int
-    height: int
-    image_path: Path | None = None
-    probs: np.ndarray | None = None  # [R+1, C+1] the detector's class distribution (column 0: background)
-
-    @property
-    def num_rois(self) -> int:
-        return len(self.boxes) - 1
-
-
-def regions_of(store: FeatureStore, key: str, image_path: Path | None = None, max_rois: int | None = None) -> Regions:
-    item = store[key]
-    rows = slice(None) if max_rois is None else slice(0, max_rois + 1)
-    return Regions(
-        item["boxes"][rows],
-        item["labels"][rows],
-        item["features"][rows],
-        item["box_ids"][rows],
-        item["width"],
-        item["height"],
-        image_path,
-        item["probs"][rows],
-    )
-
-
-def feature_mean(regions: Iterable[Regions], limit: int = 20_000) -> torch.Tensor:
-    """The mean appearance feature over every row (the whole image and its RoIs) of the first
-    `limit` examples' regions, each counted as often as training sees it: what the visual
-    embeddings centre the features on."""
-    rows = [r.features for r in itertools.islice(regions, limit)]
-    if not rows:
-        raise ValueError("no images to take the appearance features' mean from")
-    return torch.from_numpy(np.concatenate(rows).astype(np.float64).mean(0)).float()
-
-
-def visual_batch(
-    regions: list[Regions], with_images: bool = False, masked: torch.Tensor | None = None, cached: bool = True
-) -> VisualInputs:
-    """The regions as model inputs. `with_images`: the images too, for the Fast R-CNN module;
-    `cached`: the stores' features hold for this model (not for a Fast R-CNN tuned since), so that
-    only the images with a masked RoI need the module."""
-    rois = max(len(r.boxes) for r in regions)
-    n = len(regions)
-    boxes = torch.zeros(n, rois, 4)
-    features = torch.zeros(n, rois, regions[0].features.shape[1])
-    valid = torch.zeros(n, rois, dtype=torch.bool)
-    for k, r in enumerate(regions):
-        boxes[k, : len(r.boxes)] = torch.from_numpy(r.boxes)
-        features[k, : len(r.boxes)] = torch.from_numpy(r.features)
-        valid[k, : len(r.boxes)] = True
-    sizes = torch.tensor([[r.width, r.height] for r in regions])
-    # With cached features the Fast R-CNN sees only the images that have a masked RoI: load just those.
-    needed = masked.any(1).tolist() if cached and masked is not None else [True] * n
-    images = [load_image(r.image_path) if need else None for r, need in zip(regions, needed)] if with_images else None
-    return VisualInputs(boxes, sizes, valid, features if cached else None, images, masked)
-
-
-# ---- pre-training ----------------------------------------------------------------------------
 
 
 def mask_tokens(
