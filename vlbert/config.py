@@ -12,6 +12,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from .layout import Layout
+
 SCHEMA_FILE = "config.schema.yaml"
 
 
@@ -82,7 +84,7 @@ def load_config(path, check_paths_exist: bool = False) -> dict:
     validate(config, str(path))
     if check_paths_exist:
         check_paths(config, str(path))
-    config.setdefault("data", {}).setdefault("root", f"results/{config['name']}/data")
+    config.setdefault("data", {}).setdefault("root", str(Layout(config["name"]).data))
     return config
 
 
