@@ -6,8 +6,11 @@ import argparse
 import sys
 
 from . import __version__
+from .layout import Layout
 
-PRETRAINED_HELP = "pre-trained checkpoint (default: results/<preset>/pretrain/<setting>/best)"
+# The defaults the help texts name: where vlbert/layout.py keeps them for any preset.
+STUDY = Layout("<preset>")
+PRETRAINED_HELP = f"pre-trained checkpoint (default: {STUDY.pretrained('<setting>')})"
 
 
 def _add_device_arguments(p) -> None:
@@ -30,11 +33,9 @@ def _add_runtime_arguments(p) -> None:
 
 def _add_training_arguments(p) -> None:
     _add_data_argument(p)
-    p.add_argument("--features", help="feature stores folder (default: results/<preset>/features)")
-    p.add_argument("--detector", help="detector folder (default: results/<preset>/detector)")
-    p.add_argument(
-        "--bert", help="BERT checkpoint (default: the preset's model.bert, else results/<preset>/bert_init/bert)"
-    )
+    p.add_argument("--features", help=f"feature stores folder (default: {STUDY.features})")
+    p.add_argument("--detector", help=f"detector folder (default: {STUDY.detector})")
+    p.add_argument("--bert", help=f"BERT checkpoint (default: the preset's model.bert, else {STUDY.bert})")
     p.add_argument("--run-name", help="MLflow run name")
     _add_quiet_argument(p)
     _add_runtime_arguments(p)
@@ -198,19 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pretrained",
         help="the checkpoint the QA->R run started from, for setting full: checks that --features are its "
-        "tuned features (default: results/<preset>/pretrain/<setting>/best)",
+        f"tuned features (default: {STUDY.pretrained('<setting>')})",
     )
     _add_data_argument(p)
     p.add_argument(
-        "--features", help="the feature stores the QA->R run was fine-tuned on (default: results/<preset>/features)"
+        "--features", help=f"the feature stores the QA->R run was fine-tuned on (default: {STUDY.features})"
     )
     p.add_argument("--bert", help="BERT checkpoint whose tokenizer the runs used (default: as fine-tuning's)")
     _add_device_arguments(p)
 
     p = _add_verb(verbs, "report", runs.report, "Table 4, the paper's findings and figures, read back from MLflow")
-    p.add_argument("--out", required=True, help="reports/<preset>/")
+    p.add_argument("--out", required=True, help=f"the report folder ({STUDY.reports}/)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the preset's)")
-    p.add_argument("--sweeps", help="folder of <setting>/<task>/best.json (default: results/<preset>/sweep)")
+    p.add_argument("--sweeps", help=f"folder of <setting>/<task>/best.json (default: {STUDY.sweeps})")
 
     p = _add_verb(verbs, "ui", runs.ui, "MLflow's UI over the preset's runs, opened on the study's runs table")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
