@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from vlbert.layout import Layout
+
 REPO = Path(__file__).resolve().parent.parent
 BUDGET_SECONDS = {"smoke": 5 * 60, "mini": 45 * 60}
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]$", re.M)
@@ -88,7 +90,7 @@ def main() -> None:
     else:
         workdir = Path(tempfile.mkdtemp(prefix=f"study_{args.preset}_"))
         wall = run_study(args.preset, workdir, args.cores)
-    print(stage_table(workdir / "results" / args.preset / "benchmarks").to_string())
+    print(stage_table(workdir / Layout(args.preset).benchmarks).to_string())
     if wall is not None:
         budget = BUDGET_SECONDS[args.preset]
         print(

@@ -18,8 +18,10 @@ import torch
 
 from vlbert.config import load_config
 from vlbert.engine.build import load_processor
+from vlbert.engine.context import RunInputs, TrainingContext
 from vlbert.engine.finetune import finetune
 from vlbert.engine.pretrain import pretrain
+from vlbert.layout import Layout
 from vlbert.registry import SETTINGS, TASKS
 from vlbert.tracking import NullTracker
 
@@ -34,36 +36,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     preset = load_config(args.config)
-    results = Path("results") / preset["name"]
-    bert = results / "bert_init" / "bert"
-    processor = load_processor(bert, preset["model"].get("max_text_length", 64))
-    common = dict(
-        data_root=preset["data"]["root"],
-        features_dir=results / "features",
-        tracker=NullTracker(),
-        processor=processor,
-        progress=False,
-        max_steps=args.steps,
-    )
+    layout = Layout(preset["name"])
+    processor = load_processor(layout.bert, preset["model"].get("max_text_length", 64))
+    inputs = RunInputs(Path(preset["data"]["root"]), layout.features, layout.bert, layout.detector)
+    context = TrainingContext(preset, inputs, processor, NullTracker(), progress=False)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.settings:
-            speed = pretrain(
-                preset, SETTINGS[name], bert, results / "detector", out=Path(scratch) / f"pretrain_{name}", **common
-            )
+            speed = pretrain(context, SETTINGS[name], Path(scratch) / f"pretrain_{name}", max_steps=args.steps)
             rows.append((f"pretrain {name}", preset["pretrain"]["batch_size"], speed))
         for task in args.tasks:
-            speed = finetune(
-                preset,
-                SETTINGS["no_pretrain"],
-                task,
-                1e-3,
-                0,
-                Path(scratch) / f"finetune_{task}",
-                bert=bert,
-                detector_dir=results / "detector",
-                **common,
-            )
+            out = Path(scratch) / f"finetune_{task}"
+            speed = finetune(context, SETTINGS["no_pretrain"], task, 1e-3, 0, out, max_steps=args.steps)
             key = {"vqa": "vqa", "refcoco_det": "refcoco", "refcoco_gt": "refcoco"}.get(task, "vcr")
             rows.append((f"finetune {task}", preset["finetune"][key]["batch_size"], speed))
     print(f"{preset['name']} preset, {args.steps} steps each, {args.threads} threads")

@@ -8,8 +8,8 @@ import h5py
 import pytest
 import torch
 
-from vlbert import cli
 from vlbert.cli import main
+from vlbert.study import runs
 
 
 def _raise(exc):
@@ -44,7 +44,7 @@ def _unpickling(data):
 
 def _non_finite_loss(tmp_path):
     """The training loop's own error on a NaN loss."""
-    from vlbert.engine.loop import LoopConfig, TrainingLoop
+    from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
     from vlbert.engine.optim import build_optimizer, build_scheduler
     from vlbert.tracking import NullTracker
 
@@ -55,12 +55,10 @@ def _non_finite_loss(tmp_path):
         model,
         optimizer,
         build_scheduler(optimizer, {}, 2, 1),
-        LoopConfig(1, 2),
+        LoopConfig(1, 2, progress=False),
         tmp_path,
-        lambda epoch, b: {"x": torch.ones(1, 2)},
-        loss_fn,
+        LoopSteps(lambda epoch, b: {"x": torch.ones(1, 2)}, loss_fn),
         NullTracker(),
-        progress=False,
     )
     try:
         loop.fit()
@@ -87,7 +85,7 @@ def test_expected_failures_are_one_line_and_exit_2(failure, tmp_path, monkeypatc
     make, says = FAILURES[failure]
     exc = make(tmp_path)
     assert exc is not None
-    monkeypatch.setattr(cli, "_make_data", _raise(exc))
+    monkeypatch.setattr(runs, "make_data", _raise(exc))
     assert main(["make-data", "--config", "unused.yaml"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vlbert make-data: error: ") and says in err
@@ -107,6 +105,6 @@ def test_a_truncated_refs_pickle_is_one_line(refcoco_fixture, tmp_path, capsys):
 
 
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_make_data", _raise(_is_a_directory(tmp_path)))
+    monkeypatch.setattr(runs, "make_data", _raise(_is_a_directory(tmp_path)))
     with pytest.raises(IsADirectoryError):
         main(["--debug", "make-data", "--config", "unused.yaml"])

@@ -57,6 +57,7 @@ def _temp_folders(pid: int) -> list[Path]:
 
 def _sweep(tmp_path, monkeypatch, tune):
     """run_sweeps as `vlbert sweep` calls it, its Ray Tune run replaced by `tune`."""
+    from vlbert.engine.context import RunInputs
     from vlbert.study import sweep
 
     monkeypatch.setattr(sweep, "_tune", tune)
@@ -66,10 +67,7 @@ def _sweep(tmp_path, monkeypatch, tune):
         "no_pretrain",
         ["vqa"],
         tmp_path / "sweep",
-        data_root=None,
-        features_dir=None,
-        bert=None,
-        detector=None,
+        RunInputs(data_root=None, features_dir=None),
         cores=1,
     )
 

@@ -145,6 +145,7 @@ EXPECTED_LOSSES = {
 @pytest.mark.parametrize("name", list(EXPECTED_LOSSES))
 def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
     from vlbert.engine.build import load_processor
+    from vlbert.engine.context import RunInputs, TrainingContext
     from vlbert.engine.pretrain import pretrain
     from vlbert.tracking import NullTracker
 
@@ -156,18 +157,9 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
 
     tracker = Recorder()
     out = smoke_study["root"] / "pretrain" / name
-    summary = pretrain(
-        smoke_config,
-        SETTINGS[name],
-        smoke_study["bert"],
-        smoke_study["detector"],
-        smoke_study["data"],
-        smoke_study["features"],
-        out,
-        tracker,
-        load_processor(smoke_study["bert"], 40),
-        progress=False,
-    )
+    inputs = RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"])
+    context = TrainingContext(smoke_config, inputs, load_processor(smoke_study["bert"], 40), tracker, progress=False)
+    summary = pretrain(context, SETTINGS[name], out)
     assert tracker.seen == EXPECTED_LOSSES[name]
     assert (out / "best" / "model.safetensors").is_file() and 0 <= summary["val"]["mlm_accuracy"] <= 100
     val = summary["val"]
@@ -639,7 +631,7 @@ def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
 
 
 def _tiny_loop(folder, identity, lr=0.1, select_metric=None, evaluate=None, tracker=None):
-    from vlbert.engine.loop import LoopConfig, TrainingLoop
+    from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
     from vlbert.tracking import NullTracker
 
     torch.manual_seed(0)
@@ -652,13 +644,10 @@ def _tiny_loop(folder, identity, lr=0.1, select_metric=None, evaluate=None, trac
         model,
         optimizer,
         scheduler,
-        LoopConfig(2, 10, checkpoint_every=5, select_metric=select_metric),
+        LoopConfig(2, 10, checkpoint_every=5, select_metric=select_metric, progress=False),
         folder,
-        batch,
-        loss_fn,
+        LoopSteps(batch, loss_fn, evaluate),
         tracker or NullTracker(),
-        evaluate=evaluate,
-        progress=False,
         identity=identity,
     )
 
@@ -763,7 +752,7 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(smoke_study, 
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path):
-    from vlbert.engine.loop import LoopConfig, TrainingLoop
+    from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
     from vlbert.tracking import NullTracker
 
     model = Tiny(2)
@@ -780,12 +769,10 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp
         model,
         optimizer,
         scheduler,
-        LoopConfig(2, 10, checkpoint_every=5),
+        LoopConfig(2, 10, checkpoint_every=5, progress=False),
         tmp_path,
-        make_batch,
-        loss_fn,
+        LoopSteps(make_batch, loss_fn),
         NullTracker(),
-        progress=False,
     )
     # The message names the step and each of the setting's losses, so that the culprit shows.
     with pytest.raises(
@@ -1105,7 +1092,7 @@ def test_two_processes_on_cpu_stay_in_step(smoke_study, tmp_path):
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_autocast_precision_trains(tmp_path, precision):
     """bf16 autocast (GPU in real use; CPU here) runs the same loop and still learns."""
-    from vlbert.engine.loop import LoopConfig, TrainingLoop
+    from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
     from vlbert.tracking import NullTracker
 
     torch.manual_seed(0)
@@ -1118,19 +1105,23 @@ def test_autocast_precision_trains(tmp_path, precision):
         model,
         optimizer,
         scheduler,
-        LoopConfig(2, 20, precision=precision),
+        LoopConfig(2, 20, precision=precision, progress=False),
         tmp_path,
-        lambda e, b: {"x": x, "y": y},
-        loss_fn,
+        LoopSteps(lambda e, b: {"x": x, "y": y}, loss_fn),
         NullTracker(),
-        progress=False,
     )
     before = loss_fn(model, {"x": x, "y": y})[0].item()
     loop.fit()
     assert loss_fn(model, {"x": x, "y": y})[0].item() < 0.8 * before
     with pytest.raises(ValueError, match="precision"):
         TrainingLoop(
-            model, optimizer, scheduler, LoopConfig(1, 1, precision="fp8"), tmp_path, None, None, NullTracker()
+            model,
+            optimizer,
+            scheduler,
+            LoopConfig(1, 1, precision="fp8"),
+            tmp_path,
+            LoopSteps(None, None),
+            NullTracker(),
         )
 
 
@@ -1141,6 +1132,7 @@ def test_autocast_precision_trains(tmp_path, precision):
 def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
     smoke_study, smoke_config, tmp_path, monkeypatch, capsys
 ):
+    from vlbert.engine.context import RunInputs
     from vlbert.study.sweep import run_sweeps
 
     monkeypatch.setenv("VLBERT_FAULT_ONCE", str(tmp_path / "crashed"))  # the first trial to start crashes once
@@ -1152,10 +1144,7 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
         "no_pretrain",
         ["refcoco_gt", "vqa"],
         tmp_path / "sweep",
-        data_root=smoke_study["data"],
-        features_dir=smoke_study["features"],
-        bert=smoke_study["bert"],
-        detector=smoke_study["detector"],
+        RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"]),
         cores=2,
     )
     assert (tmp_path / "crashed").exists()  # a trial did crash

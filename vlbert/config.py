@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from .layout import Layout
 from .registry import task
 
 SCHEMA_FILE = "config.schema.yaml"
@@ -84,7 +85,7 @@ def load_config(path, check_paths_exist: bool = False) -> dict:
     validate(config, str(path))
     if check_paths_exist:
         check_paths(config, str(path))
-    config.setdefault("data", {}).setdefault("root", f"results/{config['name']}/data")
+    config.setdefault("data", {}).setdefault("root", str(Layout(config["name"]).data))
     return config
 
 

@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Protocol
 
+from .layout import Layout
+
 
 class TrackingStoreError(RuntimeError):
     """The MLflow tracking store cannot be reached or refuses the run."""
@@ -70,7 +72,7 @@ def default_tracking_uri(config: dict) -> str:
     uri = (config.get("tracking") or {}).get("uri") or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
-    db = Path("results") / config["name"] / "mlflow.db"
+    db = Layout(config["name"]).mlflow_db
     db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{db.resolve()}"
 

@@ -19,7 +19,7 @@ from ..data.text_corpus import read_corpus
 from ..modeling.processing_vlbert import VLBertProcessor, wordpiece_from_texts
 from ..tasks.pretraining import CorpusDataset, TextOnlyCollator
 from .checkpoint import input_identity
-from .loop import LoopConfig, TrainingLoop
+from .loop import LoopConfig, LoopSteps, TrainingLoop
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
 
@@ -136,12 +136,10 @@ def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool =
         model,
         optimizer,
         scheduler,
-        LoopConfig(epochs, batches, **preset.get("training", {})),
+        LoopConfig(epochs, batches, progress=progress, **preset.get("training", {})),
         out,
-        make_batch,
-        loss_fn,
+        LoopSteps(make_batch, loss_fn),
         tracker,
-        progress=progress,
         identity=identity,
     )
     state = loop.fit()

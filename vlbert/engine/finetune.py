@@ -18,8 +18,9 @@ from ..config import finetune_epochs, finetune_options
 from ..tasks.regions import feature_mean
 from .build import build_model
 from .checkpoint import input_identity
+from .context import TrainingContext
 from .device import move_to
-from .loop import LoopConfig, TrainingLoop, loop_speed
+from .loop import LoopConfig, LoopSteps, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order
 from .tuned_features import check_store_features
@@ -37,26 +38,21 @@ def predict(model, task, examples: list[dict], batch_size: int) -> list[dict]:
 
 
 def finetune(
-    preset: dict,
+    context: TrainingContext,
     setting,
     task_name: str,
     lr: float,
     seed: int,
     out,
-    data_root,
-    features_dir,
-    tracker,
-    processor,
-    pretrained=None,
-    bert=None,
-    detector_dir=None,
-    device: str = "cpu",
-    progress: bool = True,
     max_steps: int | None = None,
     score_test: bool = True,
 ) -> dict:
+    """Fine-tune `setting` on `task_name` with `lr` and `seed` into `out`; its metrics (with
+    `max_steps`, only the loop's speed)."""
     from .distributed import is_main_process, world_size, wrap
 
+    preset, inputs, tracker, device = context.preset, context.inputs, context.tracker, context.device
+    pretrained = inputs.pretrained
     out = Path(out)
     if world_size() > 1 and is_main_process():
         print(f"data-parallel fine-tuning: {world_size()} processes")
@@ -65,7 +61,7 @@ def finetune(
         raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")
     # A Fast R-CNN tuned in pre-training no longer matches the detector's features: such a setting
     # reads the stores its frozen copy made (`vlbert tune-features`), every other one the detector's.
-    task = tasks.build(task_name, processor, data_root, features_dir)
+    task = tasks.build(task_name, context.processor, inputs.data_root, inputs.features_dir)
     check_store_features(setting, task.store_paths(), pretrained)
     train, val = task.examples("train"), task.examples("val")
     if setting.pretrains:
@@ -75,8 +71,8 @@ def finetune(
         model, _ = build_model(
             task.model_class,
             preset,
-            bert,
-            detector_dir,
+            inputs.bert,
+            inputs.detector_dir,
             **task.model_overrides(),
             appearance_mean=feature_mean(e["regions"] for e in train),
         )
@@ -124,8 +120,8 @@ def finetune(
             "finetune": {"epoch_factor": preset["finetune"].get("epoch_factor", 1.0), **options},
         },
         "inputs": {
-            "start": input_identity(pretrained if setting.pretrains else bert),
-            "detector": None if setting.pretrains else input_identity(detector_dir),
+            "start": input_identity(pretrained if setting.pretrains else inputs.bert),
+            "detector": None if setting.pretrains else input_identity(inputs.detector_dir),
             **{f"store.{path.name}": input_identity(path) for path in task.store_paths()},
         },
     }
@@ -133,13 +129,17 @@ def finetune(
         wrap(model, device),
         optimizer,
         scheduler,
-        LoopConfig(epochs, batches, select_metric="accuracy", max_steps=max_steps, **preset.get("training", {})),
+        LoopConfig(
+            epochs,
+            batches,
+            select_metric="accuracy",
+            max_steps=max_steps,
+            progress=context.progress,
+            **preset.get("training", {}),
+        ),
         out,
-        make_batch,
-        loss_fn,
+        LoopSteps(make_batch, loss_fn, evaluate),
         tracker,
-        evaluate=evaluate,
-        progress=progress,
         identity=identity,
     )
     state = loop.fit()

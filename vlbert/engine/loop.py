@@ -59,6 +59,17 @@ class LoopConfig:
     select_metric: str | None = None  # validation metric to pick the best epoch by (higher is better)
     max_steps: int | None = None  # stop early (benchmarks, quick looks): no validation, no best
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+    progress: bool = True  # a progress bar (on the main process only)
+
+
+@dataclass
+class LoopSteps:
+    """What a stage gives the loop: batch `b` of epoch `epoch`, the loss of a batch (with its named
+    parts), and the validation metrics of the model after an epoch (None: no validation)."""
+
+    make_batch: Callable[[int, int], dict]
+    loss_fn: Callable
+    evaluate: Callable[[torch.nn.Module], dict] | None = None
 
 
 @dataclass
@@ -82,18 +93,16 @@ class TrainingLoop:
         scheduler,
         config: LoopConfig,
         out_dir,
-        make_batch: Callable[[int, int], dict],
-        loss_fn: Callable,
+        steps: LoopSteps,
         tracker,
-        evaluate: Callable[[torch.nn.Module], dict] | None = None,
-        progress: bool = True,
         identity: dict | None = None,
     ):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.identity = normalise_identity(identity) if identity is not None else None
         self.config, self.out_dir = config, Path(out_dir)
-        self.make_batch, self.loss_fn, self.tracker, self.evaluate = make_batch, loss_fn, tracker, evaluate
-        self.progress = progress and is_main_process()
+        self.make_batch, self.loss_fn, self.evaluate = steps.make_batch, steps.loss_fn, steps.evaluate
+        self.tracker = tracker
+        self.progress = config.progress and is_main_process()
         self.checkpoint_dir = self.out_dir / "checkpoint"
         self.best_dir = self.out_dir / "best"
         self.state = LoopState()

@@ -25,8 +25,9 @@ from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator,
 from ..tasks.regions import feature_mean, features_path, open_store
 from .build import build_model
 from .checkpoint import input_identity
+from .context import TrainingContext
 from .device import move_to
-from .loop import LoopConfig, TrainingLoop, loop_speed
+from .loop import LoopConfig, LoopSteps, TrainingLoop, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
 
@@ -108,28 +109,19 @@ def validation_batches(val, collate, seed: int, batch_size: int) -> tuple[Valida
     )
 
 
-def pretrain(
-    preset: dict,
-    setting,
-    bert,
-    detector_dir,
-    data_root,
-    features_dir,
-    out,
-    tracker,
-    processor,
-    device: str = "cpu",
-    progress: bool = True,
-    max_steps: int | None = None,
-) -> dict:
+def pretrain(context: TrainingContext, setting, out, max_steps: int | None = None) -> dict:
+    """Pre-train `setting` from the BERT and the detector of `context.inputs` into `out`; a summary
+    (with `max_steps`, only the loop's speed)."""
     from .distributed import wrap
     from .grounding import grounding_probe  # it imports this module
 
     if not setting.pretrains:
         raise ValueError(f"setting {setting.name!r} has no pre-training: fine-tune from the BERT init")
+    preset, processor, tracker, device = context.preset, context.processor, context.tracker, context.device
+    bert, detector_dir = context.inputs.bert, context.inputs.detector_dir
     seed, options = preset["seed"], preset["pretrain"]
     torch.manual_seed(seed)
-    data_root, features_dir, out = Path(data_root), Path(features_dir), Path(out)
+    data_root, features_dir, out = Path(context.inputs.data_root), Path(context.inputs.features_dir), Path(out)
     max_rois = preset.get("model", {}).get("max_rois")
     train_store, val_store = PRETRAINING_STORES["train"], PRETRAINING_STORES["val"]
     captions = CaptionDataset(
@@ -222,13 +214,10 @@ def pretrain(
         wrap(model, device),
         optimizer,
         scheduler,
-        LoopConfig(epochs, batches, max_steps=max_steps, **preset.get("training", {})),
+        LoopConfig(epochs, batches, max_steps=max_steps, progress=context.progress, **preset.get("training", {})),
         out,
-        make_batch,
-        loss_fn,
+        LoopSteps(make_batch, loss_fn, evaluate),
         tracker,
-        evaluate=evaluate,
-        progress=progress,
         identity=identity,
     )
     state = loop.fit()

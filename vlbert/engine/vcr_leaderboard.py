@@ -26,6 +26,7 @@ from ..evaluation.vcr_eval import (
 from ..modeling import VLBertForVCR
 from ..registry import setting as setting_named
 from ..tasks.regions import features_path
+from .context import TrainingContext
 from .finetune import predict
 from .tuned_features import check_store_features
 
@@ -77,34 +78,24 @@ def rationale_probs_after_each_answer(model, task, split: str, batch_size: int) 
     return after
 
 
-def write_vcr_submission(
-    q2a_run,
-    qa2r_run,
-    split: str,
-    out,
-    preset: dict,
-    data_root,
-    features_dir,
-    processor,
-    pretrained=None,
-    device: str = "cpu",
-) -> dict:
-    """Write the leaderboard CSV for `split` to `out`. `features_dir` must hold the stores the QA->R
-    run was fine-tuned on (for a setting that tuned Fast R-CNN, those of `vlbert tune-features`;
-    `pretrained`: the checkpoint it started from, that checks them). Returns a summary, with the
-    CSV scored as the leaderboard scores it when the split has labels."""
+def write_vcr_submission(context: TrainingContext, q2a_run, qa2r_run, split: str, out) -> dict:
+    """Write the leaderboard CSV for `split` to `out`. `context.inputs.features_dir` must hold the
+    stores the QA->R run was fine-tuned on (for a setting that tuned Fast R-CNN, those of `vlbert
+    tune-features`; `inputs.pretrained`: the checkpoint it started from, that checks them). Returns a
+    summary, with the CSV scored as the leaderboard scores it when the split has labels."""
     from ..data.vcr import read_vcr
 
+    inputs = context.inputs
     q2a, qa2r = run_metrics(q2a_run, "vcr_q2a"), run_metrics(qa2r_run, "vcr_qa2r")
     chosen = setting_named(qa2r["setting"])
-    task = tasks.build("vcr_qa2r", processor, data_root, features_dir)
-    check_store_features(chosen, [features_path(features_dir, task.spec.stores[split])], pretrained)
+    task = tasks.build("vcr_qa2r", context.processor, inputs.data_root, inputs.features_dir)
+    check_store_features(chosen, [features_path(inputs.features_dir, task.spec.stores[split])], inputs.pretrained)
     examples = read_vcr(task.jsonl_path(split))
     annot_ids = [e.annot_id for e in examples]
     answer_probs = answer_probs_of_run(q2a_run, split, annot_ids)
 
-    model = VLBertForVCR.from_pretrained(Path(qa2r_run) / "best").to(device)
-    batch_size = finetune_options(preset, task.name)["batch_size"]
+    model = VLBertForVCR.from_pretrained(Path(qa2r_run) / "best").to(context.device)
+    batch_size = finetune_options(context.preset, task.name)["batch_size"]
     rationale_probs = rationale_probs_after_each_answer(model, task, split, batch_size)
     write_leaderboard_csv(out, annot_ids, answer_probs, rationale_probs)
 

@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 
 from .. import io
+from ..layout import Layout
 from ..registry import DERIVED_TASKS, SETTINGS, TABLE4_TASKS, TASKS
 
 # What pre-training's validation logs (vlbert.engine.pretrain): masked words right with each caption's
@@ -680,7 +681,7 @@ def write_report(
     write_pretraining(runs, out, pretrain_notes)
     figure_pretraining(uri, runs, out / "figures" / "pretraining_loss.png")
     figure_grounding(uri, runs, out / "figures" / "pretraining_grounding.png")
-    write_detector(detector_metrics or Path("results") / out.name / "detector" / "metrics.json", out)
+    write_detector(detector_metrics or Layout(out.name).detector / "metrics.json", out)
     return {
         "runs": len(runs),
         "finetune_runs": len(finetunes),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import io
 from ..config import finetune_epochs, study_seeds
+from ..engine.context import RunInputs, TrainingContext
 from ..registry import TASKS
 from ..tracking import NullTracker, make_tracker
 
@@ -161,24 +162,13 @@ def _trial(config: dict) -> None:
     status, reporter = "FAILED", _TuneReporter(tracker)
     try:
         tracker.log_params({"lr": lr, "seed": config["seed"]})
-        finetune(
-            preset,
-            setting(config["setting"]),
-            task,
-            lr,
-            config["seed"],
-            trial_dir(Path(config["out"]) / task, lr),
-            config["data_root"],
-            config["features_dir"],
-            reporter,
-            load_processor(config["bert"], preset["model"].get("max_text_length", 64)),
-            pretrained=config["pretrained"],
-            bert=config["bert"],
-            detector_dir=config["detector"],
-            device=config["device"],
-            progress=False,
-            score_test=False,
+        inputs = RunInputs(
+            config["data_root"], config["features_dir"], config["bert"], config["detector"], config["pretrained"]
         )
+        processor = load_processor(config["bert"], preset["model"].get("max_text_length", 64))
+        context = TrainingContext(preset, inputs, processor, reporter, config["device"], progress=False)
+        out = trial_dir(Path(config["out"]) / task, lr)
+        finetune(context, setting(config["setting"]), task, lr, config["seed"], out, score_test=False)
         status = "FINISHED"
     except BaseException:
         # Ray ends a trial from inside tune.report when ASHA stops it (or it reached max_t).
@@ -235,12 +225,7 @@ def run_sweeps(
     setting_name: str,
     tasks: list[str],
     out,
-    *,
-    data_root,
-    features_dir,
-    bert,
-    detector,
-    pretrained=None,
+    inputs: RunInputs,
     device: str = "cpu",
     cores: int | None = None,
     make_parent=None,
@@ -262,20 +247,7 @@ def run_sweeps(
             if address
             else local_ray(cores or os.cpu_count() or 1, 0 if device == "cpu" else None)
         ):
-            trials = _tune(
-                preset,
-                setting_name,
-                tasks,
-                out,
-                parents,
-                data_root=data_root,
-                features_dir=features_dir,
-                bert=bert,
-                detector=detector,
-                pretrained=pretrained,
-                device=device,
-                cores=cores,
-            )
+            trials = _tune(preset, setting_name, tasks, out, parents, inputs, device, cores)
         summaries = {
             task: _summarise(setting_name, task, trials[task], preset, out / task, parents[task]) for task in tasks
         }
@@ -289,9 +261,7 @@ def run_sweeps(
     return summaries
 
 
-def _tune(
-    preset, setting_name, tasks, out, parents, *, data_root, features_dir, bert, detector, pretrained, device, cores
-) -> dict[str, list[dict]]:
+def _tune(preset, setting_name, tasks, out, parents, inputs: RunInputs, device, cores) -> dict[str, list[dict]]:
     """One Tuner over the grid tasks x learning rates; returns each task's trials."""
     from ray import tune
 
@@ -311,11 +281,11 @@ def _tune(
         "preset": preset,
         "setting": setting_name,
         "out": str(out),
-        "data_root": resolve(data_root),
-        "features_dir": resolve(features_dir),
-        "bert": resolve(bert),
-        "detector": resolve(detector),
-        "pretrained": resolve(pretrained),
+        "data_root": resolve(inputs.data_root),
+        "features_dir": resolve(inputs.features_dir),
+        "bert": resolve(inputs.bert),
+        "detector": resolve(inputs.detector_dir),
+        "pretrained": resolve(inputs.pretrained),
         "device": device,
         "parent_run_ids": parent_run_ids,
         "tracking_uri": default_tracking_uri(preset) if any(parent_run_ids.values()) else None,

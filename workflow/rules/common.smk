@@ -4,13 +4,15 @@ import os
 from snakemake.utils import validate
 
 from vlbert.config import study_seeds
+from vlbert.layout import Layout
 from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TASKS
 
 validate(config, schema="../schemas/config.schema.yaml")
 
 PRESET = config["name"]
-RESULTS = f"results/{PRESET}"
-DATA = config["data"].get("root", f"{RESULTS}/data")
+# Every results path comes from vlbert/layout.py, the one the CLI's defaults and MLflow's store read.
+LAYOUT = Layout(PRESET)
+DATA = config["data"].get("root", str(LAYOUT.data))
 # The feature stores every task reads (a fine-tuning job's inputs).
 TASK_STORE_NAMES = sorted({store.name for spec in TASKS.values() for store in spec.stores.values()})
 
@@ -36,7 +38,6 @@ def preset_file():
 SWEEP_THREADS = min(workflow.cores, config.get("sweep", {}).get("cpus_per_trial", 1)
                     * config.get("sweep", {}).get("concurrent_trials", 1))
 SEEDS = study_seeds(config)
-REPORT = f"reports/{PRESET}"
 # Every rule runs in the one environment of the package (`--use-conda` builds it; `make` builds .venv).
 CONDA_ENV = "../envs/vlbert.yaml"
 # Jobs that train ask for a GPU when the preset trains on one (the SLURM profile maps it).
@@ -55,11 +56,11 @@ def data_outputs(datasets=DATASETS):
 
 
 def feature_outputs():
-    return [f"{RESULTS}/features/{store.name}.h5" for store in FEATURE_STORES]
+    return [f"{LAYOUT.features}/{store.name}.h5" for store in FEATURE_STORES]
 
 
 def bert_input():
-    return [] if config.get("model", {}).get("bert") else [f"{RESULTS}/bert_init/bert/config.json"]
+    return [] if config.get("model", {}).get("bert") else [f"{LAYOUT.bert}/config.json"]
 
 
 def bert_param(wildcards, input):
@@ -71,15 +72,15 @@ def bert_param(wildcards, input):
 def pretrained_input(wildcards):
     if wildcards.setting == "no_pretrain":
         return []
-    return [f"{RESULTS}/pretrain/{wildcards.setting}/best/model.safetensors"]
+    return [f"{LAYOUT.pretrained(wildcards.setting)}/model.safetensors"]
 
 
 def task_features_dir(wildcards):
     """Where a setting's fine-tuning reads its features: a setting that tuned Fast R-CNN in
     pre-training reads the stores its tuned module made (rule tune_features)."""
     if SETTINGS[wildcards.setting].tune_frcnn:
-        return f"{RESULTS}/features/tuned/{wildcards.setting}"
-    return f"{RESULTS}/features"
+        return str(LAYOUT.tuned_features(wildcards.setting))
+    return str(LAYOUT.features)
 
 
 def task_features(wildcards):
@@ -99,7 +100,7 @@ def extract_priority(wildcards):
 
 
 def finetune_outputs():
-    return expand(f"{RESULTS}/finetune/{{setting}}/{{task}}/seed{{seed}}/metrics.json",
+    return expand(f"{LAYOUT.finetune_run('{setting}', '{task}', '{seed}')}/metrics.json",
                   setting=list(SETTINGS), task=list(TASKS), seed=SEEDS)
 
 

@@ -5,9 +5,9 @@ rule make_data:
     output:
         f"{DATA}/{{dataset}}/.spec.json",
     log:
-        f"{RESULTS}/logs/make_data/{{dataset}}.log",
+        f"{LAYOUT.logs}/make_data/{{dataset}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/make_data/{{dataset}}.tsv",
+        f"{LAYOUT.benchmarks}/make_data/{{dataset}}.tsv",
     params:
         preset=preset_file(),
         data=lambda wc, output: os.path.dirname(os.path.dirname(output[0])),

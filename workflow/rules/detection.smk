@@ -5,13 +5,13 @@ rule train_detector:
     input:
         data_outputs(["detector"]),
     output:
-        weights=f"{RESULTS}/detector/detector.safetensors",
-        config=f"{RESULTS}/detector/detector_config.json",
-        metrics=f"{RESULTS}/detector/metrics.json",
+        weights=f"{LAYOUT.detector}/detector.safetensors",
+        config=f"{LAYOUT.detector}/detector_config.json",
+        metrics=f"{LAYOUT.detector}/metrics.json",
     log:
-        f"{RESULTS}/logs/train_detector.log",
+        f"{LAYOUT.logs}/train_detector.log",
     benchmark:
-        f"{RESULTS}/benchmarks/train_detector.tsv",
+        f"{LAYOUT.benchmarks}/train_detector.tsv",
     params:
         preset=preset_file(),
         data=lambda wc: f"{data_root(wc)}/detector",
@@ -30,11 +30,11 @@ rule extract_rois:
         data=lambda wc: data_outputs([wc.dataset]),
         detector=rules.train_detector.output.weights,
     output:
-        f"{RESULTS}/features/{{dataset}}.{{split}}.{{boxes}}.h5",
+        f"{LAYOUT.features}/{{dataset}}.{{split}}.{{boxes}}.h5",
     log:
-        f"{RESULTS}/logs/extract_rois/{{dataset}}.{{split}}.{{boxes}}.log",
+        f"{LAYOUT.logs}/extract_rois/{{dataset}}.{{split}}.{{boxes}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/extract_rois/{{dataset}}.{{split}}.{{boxes}}.tsv",
+        f"{LAYOUT.benchmarks}/extract_rois/{{dataset}}.{{split}}.{{boxes}}.tsv",
     params:
         preset=preset_file(),
         gt=lambda wc: "--gt-boxes" if wc.boxes == "gt" else "",

@@ -12,18 +12,18 @@ rule sweep:
         features=task_features,
         detector=rules.train_detector.output.weights,
     output:
-        [f"{RESULTS}/sweep/{{setting}}/{task}/best.json" for task in TASKS],
+        [str(LAYOUT.sweep_best("{setting}", task)) for task in TASKS],
     log:
-        f"{RESULTS}/logs/sweep/{{setting}}.log",
+        f"{LAYOUT.logs}/sweep/{{setting}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/sweep/{{setting}}.tsv",
+        f"{LAYOUT.benchmarks}/sweep/{{setting}}.tsv",
     params:
         preset=preset_file(),
         bert=bert_param,
         tasks=" ".join(TASKS),
         data=data_root,
         features=task_features_dir,
-        out=lambda wc: f"{RESULTS}/sweep/{wc.setting}",
+        out=lambda wc: str(LAYOUT.sweep(wc.setting)),
         device=DEVICE,
         depends=depends_on("finetune", "sweep", "training"),
     priority: 10
@@ -40,16 +40,16 @@ rule sweep:
 
 rule finetune_seeds:
     input:
-        best=[f"{RESULTS}/sweep/{{setting}}/{task}/best.json" for task in TASKS],
+        best=[str(LAYOUT.sweep_best("{setting}", task)) for task in TASKS],
         pretrained=pretrained_input,
         bert=bert_input(),
         features=task_features,
     output:
-        [f"{RESULTS}/finetune/{{setting}}/{task}/seed{seed}/metrics.json" for task in TASKS for seed in SEEDS],
+        [f"{LAYOUT.finetune_run('{setting}', task, seed)}/metrics.json" for task in TASKS for seed in SEEDS],
     log:
-        f"{RESULTS}/logs/finetune/{{setting}}.log",
+        f"{LAYOUT.logs}/finetune/{{setting}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/finetune_seeds/{{setting}}.tsv",
+        f"{LAYOUT.benchmarks}/finetune_seeds/{{setting}}.tsv",
     params:
         preset=preset_file(),
         bert=bert_param,
@@ -58,7 +58,7 @@ rule finetune_seeds:
         data=data_root,
         features=task_features_dir,
         sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
-        out=lambda wc: f"{RESULTS}/finetune/{wc.setting}",
+        out=lambda wc: str(LAYOUT.finetune(wc.setting)),
         device=DEVICE,
         depends=depends_on("finetune", "training", "sweep.seeds"),
     threads: 1

@@ -11,11 +11,11 @@ rule bert_init:
     input:
         data_outputs(BERT_INIT_TEXTS),
     output:
-        f"{RESULTS}/bert_init/bert/config.json",
+        f"{LAYOUT.bert}/config.json",
     log:
-        f"{RESULTS}/logs/bert_init.log",
+        f"{LAYOUT.logs}/bert_init.log",
     benchmark:
-        f"{RESULTS}/benchmarks/bert_init.tsv",
+        f"{LAYOUT.benchmarks}/bert_init.tsv",
     params:
         preset=preset_file(),
         data=data_root,
@@ -36,18 +36,18 @@ rule pretrain:
     input:
         bert=bert_input(),
         detector=rules.train_detector.output.weights,
-        captions=[f"{RESULTS}/features/{store.name}.h5" for store in PRETRAINING_STORES.values()],
+        captions=[f"{LAYOUT.features}/{store.name}.h5" for store in PRETRAINING_STORES.values()],
     output:
-        f"{RESULTS}/pretrain/{{setting}}/best/model.safetensors",
+        f"{LAYOUT.pretrained('{setting}')}/model.safetensors",
     log:
-        f"{RESULTS}/logs/pretrain/{{setting}}.log",
+        f"{LAYOUT.logs}/pretrain/{{setting}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/pretrain/{{setting}}.tsv",
+        f"{LAYOUT.benchmarks}/pretrain/{{setting}}.tsv",
     params:
         preset=preset_file(),
         bert=bert_param,
         data=data_root,
-        out=lambda wc: f"{RESULTS}/pretrain/{wc.setting}",
+        out=lambda wc: str(LAYOUT.pretrain(wc.setting)),
         device=DEVICE,
         depends=depends_on("seed", "model", "pretrain", "training"),
     # Pre-training heads the longest chains (pretrain -> sweep -> seeds), so it goes first when
@@ -68,18 +68,18 @@ rule pretrain:
 
 rule tune_features:
     input:
-        pretrained=f"{RESULTS}/pretrain/{{setting}}/best/model.safetensors",
-        stores=[f"{RESULTS}/features/{name}.h5" for name in TASK_STORE_NAMES],
+        pretrained=f"{LAYOUT.pretrained('{setting}')}/model.safetensors",
+        stores=[f"{LAYOUT.features}/{name}.h5" for name in TASK_STORE_NAMES],
     output:
-        [f"{RESULTS}/features/tuned/{{setting}}/{name}.h5" for name in TASK_STORE_NAMES],
+        [f"{LAYOUT.tuned_features('{setting}')}/{name}.h5" for name in TASK_STORE_NAMES],
     log:
-        f"{RESULTS}/logs/tune_features/{{setting}}.log",
+        f"{LAYOUT.logs}/tune_features/{{setting}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/tune_features/{{setting}}.tsv",
+        f"{LAYOUT.benchmarks}/tune_features/{{setting}}.tsv",
     params:
         preset=preset_file(),
         pretrained=lambda wc, input: os.path.dirname(input.pretrained),
-        out=lambda wc: f"{RESULTS}/features/tuned/{wc.setting}",
+        out=lambda wc: str(LAYOUT.tuned_features(wc.setting)),
         data=data_root,
         device=DEVICE,
     priority: pretrain_priority
