@@ -6,6 +6,7 @@ fails in the first second, not after an hour of training.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -77,6 +78,16 @@ def default_tracking_uri(config: dict) -> str:
     return f"sqlite:///{db.resolve()}"
 
 
+def store_lock(uri: str):
+    """Jobs that open a new SQLite store at once (bert_init and train_detector at the start of a
+    study, a sweep's trials) race to create its tables and its experiment; they take turns."""
+    if not uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    return FileLock(f"{uri.removeprefix('sqlite:///')}.lock")
+
+
 def git_commit() -> str:
     try:
         return (
@@ -123,10 +134,11 @@ class MLflowTracker:
     ):
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=uri)
         try:
-            found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            with store_lock(uri):
+                self.client = MlflowClient(tracking_uri=uri)
+                found = self.client.get_experiment_by_name(experiment)
+                self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         except Exception as exc:  # the store's own errors vary by backend; all mean "unreachable"
             raise TrackingStoreError(f"MLflow tracking store {uri!r} cannot be reached: {exc}") from exc
         tags = {"git_commit": git_commit(), **tags}

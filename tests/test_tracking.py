@@ -1,0 +1,28 @@
+"""The MLflow store as the study's jobs meet it: several processes opening a new one at once."""
+
+import multiprocessing
+
+from vlbert.tracking import MLflowTracker
+
+
+def _open_the_store(uri, barrier, answers):
+    barrier.wait()  # all at once, as bert_init and train_detector start a study
+    try:
+        tracker = MLflowTracker(uri, "vlbert-ablation-smoke", "job", {}, system_metrics=False)
+        answers.put(tracker.experiment_id)
+    except Exception as exc:
+        answers.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_jobs_that_open_a_new_store_at_once_all_get_its_one_experiment(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    jobs = 4
+    spawn = multiprocessing.get_context("spawn")
+    barrier, answers = spawn.Barrier(jobs), spawn.Queue()
+    processes = [spawn.Process(target=_open_the_store, args=(uri, barrier, answers)) for _ in range(jobs)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=300)
+    got = [answers.get(timeout=10) for _ in range(jobs)]
+    assert len(set(got)) == 1 and got[0].isdigit(), got
