@@ -85,9 +85,9 @@ class VLBertVisualEmbeddings(nn.Module):
 
     `appearance_mean` (a buffer, saved with the weights) is the mean feature of the images the
     model was first trained on, set when it is built for training (zeros: no centring). Detector
-    features share a large common part (norm 7.9 against 11.4 for a region's own part in the
-    mini world); uncentred, pre-training grows its projection until every region of an image
-    embeds alike, and the regions can no longer be told apart (RefCOCO+)."""
+    features share a large common part; uncentred, pre-training grows its projection until every
+    region of an image embeds alike, and the regions can no longer be told apart (RefCOCO+;
+    measurements: reports/reference/mini/README.md, "Measurements behind the code's comments")."""
 
     def __init__(self, config: VLBertConfig):
         super().__init__()
@@ -97,7 +97,7 @@ class VLBertVisualEmbeddings(nn.Module):
         self.text_only_embedding = nn.Parameter(torch.zeros(config.hidden_size))
         # VL-BERT's `visual_scale_text`: a learnt scale on the visual embedding that words take,
         # from 0 in its released configs. At full scale the whole image's embedding drowns the
-        # words (here: norm 2.6 against 0.7), and no region can find the words that describe it.
+        # words, and no region can find the words that describe it.
         self.text_scale = nn.Parameter(torch.tensor(float(config.visual_scale_text_init)))
         self.register_buffer("appearance_mean", torch.zeros(config.visual_feature_dim))
 
@@ -487,7 +487,7 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
     ):
         hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, text_only)
         # With labels, only the masked positions are scored: the vocabulary projection is most of
-        # a step's cost, and 85% of its output would be thrown away.
+        # a step's cost, and most of its output would be thrown away.
         masked = mlm_labels != IGNORE_INDEX if mlm_labels is not None else None
         mlm_logits = self.mlm(hidden[masked] if masked is not None else hidden)
         roi_logits = (

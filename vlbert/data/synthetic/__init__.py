@@ -39,8 +39,7 @@ CATEGORIES = [{"id": k + 1, "name": s, "supercategory": "shape"} for k, s in enu
 _CATEGORY_ID = {s: k + 1 for k, s in enumerate(SHAPES)}
 # The detector's set stands in for Visual Genome, whose classes name what things look like: its
 # categories are coloured shapes ("red circle"), so the detector's region features carry colour
-# as Visual Genome-trained features do. (Trained on the six shapes alone, they carried almost
-# none: a linear probe read the colour of 28% of regions, chance being 14%.)
+# as Visual Genome-trained features do; trained on the six shapes alone, they carried almost none.
 DETECTOR_CATEGORIES = [
     {"id": k + 1, "name": f"{c} {s}", "supercategory": s}
     for k, (c, s) in enumerate((c, s) for s in SHAPES for c in COLOURS)
