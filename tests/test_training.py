@@ -20,6 +20,7 @@ from vlbert.cli import main
 from vlbert.engine.checkpoint import read_state
 from vlbert.engine.optim import build_optimizer, build_scheduler
 from vlbert.registry import SETTINGS
+from vlbert.tracking import NullTracker
 
 
 class Tiny(torch.nn.Module):
@@ -973,7 +974,7 @@ def test_a_killed_run_that_cannot_be_continued_ends_killed_with_a_note(
     assert [m.step for m in client.get_metric_history(new.info.run_id, "loss")] == [2, 4, 6, 8, 10, 12]
 
 
-class RecordingTracker:
+class RecordingTracker(NullTracker):
     """A Tracker that keeps which runs it was asked to start and to end."""
 
     def __init__(self, new_run: str):
@@ -985,21 +986,6 @@ class RecordingTracker:
 
     def abandon(self, run_id, why):
         self.calls.append(("abandon", run_id))
-
-    def log_params(self, params):
-        pass
-
-    def log_metrics(self, metrics, step=None):
-        pass
-
-    def log_artifact(self, path, artifact_path=None):
-        pass
-
-    def set_tags(self, tags):
-        pass
-
-    def close(self, status="FINISHED"):
-        pass
 
 
 def test_a_checkpoint_copied_from_a_sweep_trial_starts_a_run_of_its_own(tmp_path):
