@@ -44,7 +44,9 @@ CONDA_ENV = "../envs/vlbert.yaml"
 GPU = 1 if str(config.get("device", "cpu")).startswith("cuda") else 0
 DEVICE = config.get("device", "cpu")
 def data_root(wildcards):
-    """The data root: the synthetic world make_data writes, or the real data sets (given)."""
+    """The data root: the synthetic world make_data writes, or the real data sets (given, so not
+    an input a rule can name). A function, as Snakemake's linter asks of a path param that
+    prefixes an input."""
     return DATA
 
 
