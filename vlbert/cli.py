@@ -217,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: the preset's)")
 
+    p = _add_verb(verbs, "fingerprint", runs.fingerprint, "where two runs of a study part", preset=False)
+    p.add_argument("results", help=f"a results folder ({STUDY.results}) or a saved fingerprint JSON")
+    p.add_argument("--against", help="another run's results folder or fingerprint JSON to compare with")
+    p.add_argument("--out", help="write the fingerprint JSON here (default: print it)")
+
     _add_evaluate_verb(verbs)
     return parser
 

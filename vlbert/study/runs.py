@@ -350,6 +350,26 @@ def ui(args) -> int:
     return serve(load_config(args.config), args.host, args.port, args.tracking_uri)
 
 
+def fingerprint(args) -> int:
+    """Digest each stage's outputs of a study's results folder, in the DAG's order; with --against,
+    compare two runs (folders or saved fingerprints): the stage where they first part, and by how
+    much. Exit status 1 when they part."""
+    from . import fingerprint as fp
+
+    results = Path(args.results)
+    if args.against is None:
+        stages = fp.fingerprint(results)
+        if args.out:
+            fp.save(stages, args.out)
+        else:
+            print(json.dumps(stages, indent=1))
+        return 0
+    against = Path(args.against)
+    rows = fp.compare(fp.load(results), fp.load(against))
+    print(fp.render(rows, results if results.is_dir() else None, against if against.is_dir() else None))
+    return 0 if fp.first_parting(rows) is None else 1
+
+
 def report(args) -> int:
     """Read the study's runs from MLflow and write table4.{md,csv,tex}, findings.md, figures/*.png and
     runs.csv."""
