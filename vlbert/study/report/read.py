@@ -1,16 +1,36 @@
 """Reading the study's runs back: every run from MLflow, the run the report uses per place in the
-study, VCR Q->AR from the prediction artifacts, metric histories; and the paper's numbers."""
+study, VCR Q->AR from the prediction artifacts, metric histories; and the paper's numbers.
+
+MLflow is read through vlbert.tracking, which knows the run format (tags, metric names)."""
 
 from __future__ import annotations
 
 import json
 from importlib import resources
-from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from ...registry import DERIVED_TASKS, SETTINGS
+from ...tracking import (
+    BEST_EPOCH_METRIC,
+    ENDED_TAG,
+    EPOCH_METRIC,
+    GIT_COMMIT_TAG,
+    LR_TAG,
+    PARENT_RUN_TAG,
+    SEED_TAG,
+    SETTING_TAG,
+    STAGE_TAG,
+    TASK_TAG,
+    VAL_PREFIX,
+    download_artifact,
+    final_metric,
+    metric_history,
+    predictions_artifact,
+    read_runs,
+    val_metric,
+)
 
 # What pre-training's validation logs (vlbert.engine.pretrain): masked words right with each caption's
 # own image and with another's, on the same masks, and their difference.
@@ -18,7 +38,7 @@ PRETRAINING_METRICS = ("mlm_accuracy", "mlm_accuracy_other_image", "visual_clue_
 # The grounding probe's word kinds and what it logs per epoch (vlbert.engine.grounding, not imported:
 # it needs torch): per kind ground_<kind>_own/_other/_gain/_chance/_n, and attention_img_share(_layer<i>).
 GROUNDING_KINDS = ("colour", "shape", "size")
-GROUNDING_PREFIXES = ("val_ground_", "val_attention_img_")
+GROUNDING_PREFIXES = (val_metric("ground_"), val_metric("attention_img_"))
 
 
 def paper_numbers() -> dict:
@@ -28,34 +48,28 @@ def paper_numbers() -> dict:
 
 def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
     """Every run of the study, a row each: ids, tags, status and final metrics."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        raise ValueError(f"no MLflow experiment {experiment!r} in {uri}")
     rows = []
-    for run in client.search_runs([found.experiment_id], max_results=50000):
-        tags, metrics = run.data.tags, run.data.metrics
+    for run in read_runs(uri, experiment):
+        tags, metrics = run.tags, run.metrics
         rows.append(
             {
-                "run_id": run.info.run_id,
-                "run_name": run.info.run_name,
-                "status": run.info.status,
-                "stage": tags.get("stage"),
-                "setting": tags.get("setting"),
-                "task": tags.get("task"),
-                "seed": int(tags["seed"]) if tags.get("seed") not in (None, "") else None,
-                "lr": float(tags["lr"]) if tags.get("lr") not in (None, "") else None,
-                "parent_run_id": tags.get("mlflow.parentRunId"),
-                "git_commit": tags.get("git_commit"),
-                "ended": tags.get("vlbert.ended"),  # why a run was ended from outside (killed, not continued)
-                "val_accuracy": metrics.get("final_val_accuracy"),
-                "test_accuracy": metrics.get("final_test_accuracy"),
-                "best_epoch": metrics.get("best_epoch"),
-                "artifact_uri": run.info.artifact_uri,
-                **{name: metrics.get(f"val_{name}") for name in PRETRAINING_METRICS},
-                **{k[len("val_") :]: v for k, v in metrics.items() if k.startswith(GROUNDING_PREFIXES)},
+                "run_id": run.run_id,
+                "run_name": run.run_name,
+                "status": run.status,
+                "stage": tags.get(STAGE_TAG),
+                "setting": tags.get(SETTING_TAG),
+                "task": tags.get(TASK_TAG),
+                "seed": int(tags[SEED_TAG]) if tags.get(SEED_TAG) not in (None, "") else None,
+                "lr": float(tags[LR_TAG]) if tags.get(LR_TAG) not in (None, "") else None,
+                "parent_run_id": tags.get(PARENT_RUN_TAG),
+                "git_commit": tags.get(GIT_COMMIT_TAG),
+                "ended": tags.get(ENDED_TAG),  # why a run was ended from outside (killed, not continued)
+                "val_accuracy": metrics.get(final_metric("val")),
+                "test_accuracy": metrics.get(final_metric("test")),
+                "best_epoch": metrics.get(BEST_EPOCH_METRIC),
+                "artifact_uri": run.artifact_uri,
+                **{name: metrics.get(val_metric(name)) for name in PRETRAINING_METRICS},
+                **{k[len(VAL_PREFIX) :]: v for k, v in metrics.items() if k.startswith(GROUNDING_PREFIXES)},
             }
         )
     return pd.DataFrame(rows)
@@ -112,8 +126,6 @@ def vcr_labels(jsonl_path) -> dict:
 
 def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "val") -> pd.DataFrame:
     """VCR Q->AR per (setting, seed) from the Q->A and QA->R runs' prediction artifacts."""
-    import mlflow.artifacts
-
     from ...evaluation.vcr_eval import vcr_accuracy
 
     rows = []
@@ -122,10 +134,8 @@ def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "v
     for key in q2a.index.intersection(qa2r.index):
         predictions = {}
         for frame in (q2a, qa2r):
-            path = mlflow.artifacts.download_artifacts(
-                run_id=frame.loc[key, "run_id"], artifact_path=f"predictions_{split}.json", tracking_uri=uri
-            )
-            for p in json.loads(Path(path).read_text()):
+            path = download_artifact(uri, frame.loc[key, "run_id"], predictions_artifact(split))
+            for p in json.loads(path.read_text()):
                 predictions.setdefault(p["annot_id"], {}).update(p)
         rows.append(
             {
@@ -141,16 +151,11 @@ def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "v
 
 def history(uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:
     """Every (step, value) a run logged of `metric`, in step order."""
-    from mlflow.tracking import MlflowClient
-
-    return sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, metric))
+    return sorted(metric_history(uri, run_id, metric))
 
 
 def per_epoch(uri: str, run_id: str, metric: str) -> tuple[list, list]:
     """A validation metric's history against the epoch: the loop logs `epoch` at the same step."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    epochs = {m.step: m.value for m in client.get_metric_history(run_id, "epoch")}
-    points = sorted((epochs[m.step], m.value) for m in client.get_metric_history(run_id, metric) if m.step in epochs)
+    epochs = dict(metric_history(uri, run_id, EPOCH_METRIC))
+    points = sorted((epochs[step], value) for step, value in metric_history(uri, run_id, metric) if step in epochs)
     return [e for e, _ in points], [v for _, v in points]
