@@ -1,7 +1,9 @@
 """The one place that talks to MLflow. Training code reports to a `Tracker`; it never imports mlflow.
 
 `make_tracker` checks that the tracking store answers before any work starts, so a wrong URI
-fails in the first second, not after an hour of training.
+fails in the first second, not after an hour of training. The report reads the runs back
+through `read_runs`, `metric_history` and `download_artifact`; the tags and metric names below
+are the format both sides share.
 """
 
 from __future__ import annotations
@@ -10,10 +12,43 @@ import contextlib
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from .layout import Layout
+
+# ---- the run format: what the writers record and the report looks up ------------------------
+
+# Tags: where a run sits in the study (its stage, then setting, task, seed and learning rate,
+# as far as they apply), and what the run is made from.
+STAGE_TAG, SETTING_TAG, TASK_TAG, SEED_TAG, LR_TAG = "stage", "setting", "task", "seed", "lr"
+PRESET_TAG = "preset"
+GIT_COMMIT_TAG = "git_commit"
+PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own: a sweep trial's sweep run, nested under it in the UI
+ENDED_TAG = "vlbert.ended"  # why a run was ended from outside (KILLED by `abandon`)
+RESUMED_TAG = "vlbert.resumed_at_step"  # the step a resumed training went on from
+
+# Metrics: the training loop logs the loss per step and, at the end of each epoch, every validation
+# figure as val_<name> with `epoch` at the same step; fine-tuning logs the best epoch's figures as
+# final_<split>_<name>, and which epoch that was.
+LOSS_METRIC = "loss"
+EPOCH_METRIC = "epoch"
+BEST_EPOCH_METRIC = "best_epoch"
+VAL_PREFIX = "val_"
+
+
+def val_metric(name: str) -> str:
+    return f"{VAL_PREFIX}{name}"
+
+
+def final_metric(split: str, name: str = "accuracy") -> str:
+    return f"final_{split}_{name}"
+
+
+def predictions_artifact(split: str) -> str:
+    """A fine-tuning run's predictions on `split`, as `vlbert evaluate` reads them."""
+    return f"predictions_{split}.json"
 
 
 class TrackingStoreError(RuntimeError):
@@ -121,8 +156,6 @@ class MLflowTracker:
     training loop decides whether a resumed training continues its earlier run (`start`). Params
     and tags given before then wait for the run."""
 
-    ENDED_TAG = "vlbert.ended"  # why a run was ended from outside (KILLED by `abandon`)
-
     def __init__(
         self,
         uri: str,
@@ -141,9 +174,9 @@ class MLflowTracker:
                 self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         except Exception as exc:  # the store's own errors vary by backend; all mean "unreachable"
             raise TrackingStoreError(f"MLflow tracking store {uri!r} cannot be reached: {exc}") from exc
-        tags = {"git_commit": git_commit(), **tags}
+        tags = {GIT_COMMIT_TAG: git_commit(), **tags}
         if parent_run_id:
-            tags["mlflow.parentRunId"] = parent_run_id
+            tags[PARENT_RUN_TAG] = parent_run_id
         self.uri, self.run_name, self.system_metrics = uri, run_name, system_metrics
         self.run_tags = {k: str(v) for k, v in tags.items()}
         self._run_id = None
@@ -203,7 +236,7 @@ class MLflowTracker:
         run = self._continuable(run_id)
         if run is None or run.info.status not in ("RUNNING", "SCHEDULED"):
             return
-        self.client.set_tag(run_id, self.ENDED_TAG, why)
+        self.client.set_tag(run_id, ENDED_TAG, why)
         self.client.set_terminated(run_id, status="KILLED")
         print(f"MLflow run {run_id} marked KILLED: {why}")
 
@@ -260,6 +293,51 @@ def make_tracker(
         default_tracking_uri(config),
         experiment_name(config),
         run_name,
-        {"preset": config["name"], **tags},
+        {PRESET_TAG: config["name"], **tags},
         parent_run_id,
     )
+
+
+# ---- reading the runs back (the report) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """A run as the store holds it: `metrics` are each metric's last value."""
+
+    run_id: str
+    run_name: str
+    status: str
+    artifact_uri: str
+    tags: dict
+    metrics: dict
+
+
+def read_runs(uri: str, experiment: str) -> list[RecordedRun]:
+    """Every run of `experiment` in the store at `uri`, newest first."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ValueError(f"no MLflow experiment {experiment!r} in {uri}")
+    return [
+        RecordedRun(
+            run.info.run_id, run.info.run_name, run.info.status, run.info.artifact_uri, run.data.tags, run.data.metrics
+        )
+        for run in client.search_runs([found.experiment_id], max_results=50000)  # by start time, newest first
+    ]
+
+
+def metric_history(uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:
+    """Every (step, value) the run logged of `metric`, in the store's order."""
+    from mlflow.tracking import MlflowClient
+
+    return [(m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, metric)]
+
+
+def download_artifact(uri: str, run_id: str, path: str) -> Path:
+    """The run's artifact `path`, as a local file (the store's own, or a downloaded copy)."""
+    import mlflow.artifacts
+
+    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=uri))

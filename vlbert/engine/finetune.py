@@ -16,6 +16,7 @@ import torch
 from .. import io, tasks
 from ..config import finetune_epochs, finetune_options
 from ..tasks.regions import feature_mean
+from ..tracking import BEST_EPOCH_METRIC, final_metric
 from .build import build_model
 from .checkpoint import input_identity
 from .context import TrainingContext
@@ -170,9 +171,9 @@ def finetune(
     io.write_json(out / "metrics.json", metrics, indent=2)
     tracker.log_metrics(
         {
-            "best_epoch": metrics["best_epoch"],
-            **{f"final_val_{k}": v for k, v in metrics["val"].items()},
-            **{f"final_test_{k}": v for k, v in test.items()},
+            BEST_EPOCH_METRIC: metrics["best_epoch"],
+            **{final_metric("val", k): v for k, v in metrics["val"].items()},
+            **{final_metric("test", k): v for k, v in test.items()},
         },
         step=state.step,
     )

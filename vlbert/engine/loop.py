@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from .. import io
+from ..tracking import EPOCH_METRIC, LOSS_METRIC, RESUMED_TAG, val_metric
 from .checkpoint import (
     checkpoint_identity,
     discard_checkpoint,
@@ -173,7 +174,7 @@ class TrainingLoop:
         continuing = resumed and last["run_id"] is not None and last["identity"] == trains
         run_id = self.tracker.start(continue_run=last["run_id"] if continuing else None)
         if continuing and run_id == last["run_id"]:
-            self.tracker.set_tags({"vlbert.resumed_at_step": self.state.step})
+            self.tracker.set_tags({RESUMED_TAG: self.state.step})
             return
         if last["run_id"] is not None:
             why = (
@@ -232,7 +233,7 @@ class TrainingLoop:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        return {"loss": loss.item(), **{f"loss_{k}": v.item() for k, v in losses.items()}}
+        return {LOSS_METRIC: loss.item(), **{f"{LOSS_METRIC}_{k}": v.item() for k, v in losses.items()}}
 
     def fit(self) -> LoopState:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -318,10 +319,8 @@ class TrainingLoop:
         metrics = self.evaluate(unwrap(self.model)) if self.evaluate is not None and is_main_process() else {}
         s.history.append(metrics)
         if metrics and is_main_process():
-            self.tracker.log_metrics(
-                {f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))} | {"epoch": s.epoch + 1},
-                step=s.step,
-            )
+            logged = {val_metric(k): v for k, v in metrics.items() if isinstance(v, (int, float))}
+            self.tracker.log_metrics(logged | {EPOCH_METRIC: s.epoch + 1}, step=s.step)
         select = self.config.select_metric
         if select is None or (metrics and metrics[select] > s.best_metric):
             s.best_metric = metrics[select] if select else s.best_metric

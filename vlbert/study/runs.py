@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..engine.context import TrainingContext
 from ..layout import Layout
+from ..tracking import LR_TAG, SEED_TAG, SETTING_TAG, STAGE_TAG, TASK_TAG
 
 
 def make_data(args) -> int:
@@ -44,7 +45,7 @@ def train_detector(args) -> int:
             "given (detector.detectron2), there is nothing to train"
         )
     torch.set_num_threads(args.threads)
-    tracker = make_tracker(config, "detector", {"stage": "detector"}, enabled=not args.no_tracking)
+    tracker = make_tracker(config, "detector", {STAGE_TAG: "detector"}, enabled=not args.no_tracking)
     try:
         metrics = train_detector(args.data, args.out, options, tracker, seed=config["seed"], device=args.device)
         write_json(Path(args.out) / "metrics.json", metrics, indent=2)
@@ -172,7 +173,7 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True, settin
         make_tracker(
             config,
             args.run_name or f"{stage}-{'-'.join(str(v) for v in tags.values())}",
-            {"stage": stage, **tags},
+            {STAGE_TAG: stage, **tags},
             enabled=not args.no_tracking,
         )
         if is_main_process() and tracked
@@ -242,7 +243,7 @@ def pretrain(args) -> int:
     from ..registry import setting
 
     chosen = setting(args.setting)
-    context = _training_context(args, "pretrain", {"setting": chosen.name})
+    context = _training_context(args, "pretrain", {SETTING_TAG: chosen.name})
     out = Path(args.out)
 
     def work():
@@ -275,7 +276,7 @@ def finetune(args) -> int:
     runs = [(task, seed) for task in args.task for seed in args.seed]
     for task, seed in runs:
         out = Path(args.out) / task / f"seed{seed}" if len(runs) > 1 else Path(args.out)
-        tags = {"setting": chosen.name, "task": task, "seed": seed, "lr": lrs[task]}
+        tags = {SETTING_TAG: chosen.name, TASK_TAG: task, SEED_TAG: seed, LR_TAG: lrs[task]}
         context = _training_context(args, "finetune", tags, setting=chosen)
         if args.continue_trial:
             trial = continue_trial(Path(args.lr_from) / task, seed, out)
@@ -316,13 +317,13 @@ def sweep(args) -> int:
     from .sweep import run_sweeps
 
     chosen = setting(args.setting)
-    context = _training_context(args, "sweep", {"setting": chosen.name}, tracked=False, setting=chosen)
+    context = _training_context(args, "sweep", {SETTING_TAG: chosen.name}, tracked=False, setting=chosen)
 
     def parent(task):
         return make_tracker(
             context.preset,
             f"sweep-{chosen.name}-{task}",
-            {"stage": "sweep", "setting": chosen.name, "task": task},
+            {STAGE_TAG: "sweep", SETTING_TAG: chosen.name, TASK_TAG: task},
             enabled=not args.no_tracking,
         )
 

@@ -21,9 +21,19 @@ from .. import io
 from ..config import finetune_epochs, study_seeds
 from ..engine.context import RunInputs, TrainingContext
 from ..registry import TASKS
-from ..tracking import NullTracker, make_tracker
+from ..tracking import (
+    EPOCH_METRIC,
+    LR_TAG,
+    SEED_TAG,
+    SETTING_TAG,
+    STAGE_TAG,
+    TASK_TAG,
+    NullTracker,
+    make_tracker,
+    val_metric,
+)
 
-METRIC = "val_accuracy"
+METRIC = val_metric("accuracy")  # the sweeps' score, as the training loop logs it each epoch
 FAULT_ONCE = "VLBERT_FAULT_ONCE"  # test hook: a trial crashes once if this file does not exist yet
 # A local Ray's temp folder: /tmp/ray-vlbert-<PID of the process that started it>-XXXXXXXX. Short,
 # as Ray's socket paths under it must stay within 107 bytes; the PID tells a dead sweep's folder.
@@ -128,7 +138,7 @@ class _TuneReporter:
         self.tracker.log_metrics(metrics, step)
         if METRIC in metrics:
             self.reported = True
-            tune.report({METRIC: metrics[METRIC], "epoch": metrics.get("epoch", 0)})
+            tune.report({METRIC: metrics[METRIC], "epoch": metrics.get(EPOCH_METRIC, 0)})
 
 
 def _trial(config: dict) -> None:
@@ -147,13 +157,13 @@ def _trial(config: dict) -> None:
     if config["tracking_uri"]:
         os.environ["MLFLOW_TRACKING_URI"] = config["tracking_uri"]
     preset, task, lr = config["preset"], config["trial"]["task"], config["trial"]["lr"]
-    tags = {"setting": config["setting"], "task": task, "seed": config["seed"], "lr": lr}
+    tags = {SETTING_TAG: config["setting"], TASK_TAG: task, SEED_TAG: config["seed"], LR_TAG: lr}
     parent_run_id = config["parent_run_ids"].get(task)
     tracker = (
         make_tracker(
             preset,
             f"trial-{config['setting']}-{task}-lr{lr:g}",
-            {"stage": "sweep_trial", **tags},
+            {STAGE_TAG: "sweep_trial", **tags},
             parent_run_id=parent_run_id,
         )
         if parent_run_id

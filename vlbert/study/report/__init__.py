@@ -1,0 +1,88 @@
+"""The study's report, read back from MLflow: Table 4, the paper's findings, figures, runs.csv.
+
+Every figure comes from the MLflow store (runs searched with the client API; VCR Q->AR from the
+prediction artifacts of each seed's Q->A and QA->R runs), so the report says what MLflow says.
+The paper's numbers come from vlbert/reference/paper_numbers.yaml, with their provenance.
+
+read.py reads the runs, statistics.py computes Table 4 and the findings, render.py writes the text
+files and figures.py the figures; `write_report` below runs them in that order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ...layout import Layout
+from .figures import figure_bars, figure_grounding, figure_heatmap, figure_pretraining, figure_sweeps
+from .read import collect_runs, derive_q2ar, latest_pretraining, latest_results, paper_numbers, vcr_labels
+from .render import (
+    ground_truth_table,
+    grounding_lines,
+    write_detector,
+    write_findings,
+    write_pretraining,
+    write_q2ar,
+    write_tables,
+)
+from .statistics import findings, table4, table_warnings
+
+__all__ = [
+    "collect_runs",
+    "derive_q2ar",
+    "figure_grounding",
+    "findings",
+    "ground_truth_table",
+    "grounding_lines",
+    "latest_pretraining",
+    "latest_results",
+    "paper_numbers",
+    "table4",
+    "table_warnings",
+    "write_detector",
+    "write_pretraining",
+    "write_report",
+]
+
+
+def write_report(
+    uri: str, experiment: str, out, sweep_files: list[Path] = (), vcr_val=None, detector_metrics=None
+) -> dict:
+    """vcr_val: the VCR val.jsonl, whose labels Q->AR is scored against (no Q->AR without it).
+    detector_metrics: `vlbert train-detector`'s metrics.json; by default results/<preset>/detector's,
+    <preset> being the report folder's name (reports/<preset>), as the workflow lays them out."""
+    out = Path(out)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    paper = paper_numbers()
+    runs = collect_runs(uri, experiment)
+    if runs.empty:
+        raise ValueError(f"MLflow experiment {experiment!r} has no runs yet")
+    runs.sort_values(["stage", "setting", "task", "seed"], na_position="last").to_csv(out / "runs.csv", index=False)
+    finetunes, finetune_notes = latest_results(runs, "finetune")
+    pretrain_notes = latest_results(runs, "pretrain")[1]
+    derived = (
+        derive_q2ar(uri, finetunes, vcr_labels(vcr_val))
+        if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"])
+        else pd.DataFrame()
+    )
+    table = table4(finetunes)
+    write_tables(table, paper, out, finetune_notes)
+    if not derived.empty:
+        write_q2ar(derived, out)
+    results = findings(table, paper)
+    write_findings(results, out)
+    figure_bars(table, paper, out / "figures" / "table4_bars.png")
+    figure_heatmap(table, paper, out / "figures" / "delta_heatmap.png")
+    figure_sweeps(list(sweep_files), out / "figures" / "lr_sweeps.png")
+    write_pretraining(runs, out, pretrain_notes)
+    figure_pretraining(uri, runs, out / "figures" / "pretraining_loss.png")
+    figure_grounding(uri, runs, out / "figures" / "pretraining_grounding.png")
+    write_detector(detector_metrics or Layout(out.name).detector / "metrics.json", out)
+    return {
+        "runs": len(runs),
+        "finetune_runs": len(finetunes),
+        "findings_agreeing": sum(r["verdict"] == "agrees" for r in results),
+        "findings_no_data": sum(r["verdict"] == "no data" for r in results),
+        "warnings": table_warnings(table) + finetune_notes + pretrain_notes,
+    }

@@ -1,0 +1,161 @@
+"""Reading the study's runs back: every run from MLflow, the run the report uses per place in the
+study, VCR Q->AR from the prediction artifacts, metric histories; and the paper's numbers.
+
+MLflow is read through vlbert.tracking, which knows the run format (tags, metric names)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pandas as pd
+import yaml
+
+from ...registry import DERIVED_TASKS, SETTINGS
+from ...tracking import (
+    BEST_EPOCH_METRIC,
+    ENDED_TAG,
+    EPOCH_METRIC,
+    GIT_COMMIT_TAG,
+    LR_TAG,
+    PARENT_RUN_TAG,
+    SEED_TAG,
+    SETTING_TAG,
+    STAGE_TAG,
+    TASK_TAG,
+    VAL_PREFIX,
+    download_artifact,
+    final_metric,
+    metric_history,
+    predictions_artifact,
+    read_runs,
+    val_metric,
+)
+
+# What pre-training's validation logs (vlbert.engine.pretrain): masked words right with each caption's
+# own image and with another's, on the same masks, and their difference.
+PRETRAINING_METRICS = ("mlm_accuracy", "mlm_accuracy_other_image", "visual_clue_gain")
+# The grounding probe's word kinds and what it logs per epoch (vlbert.engine.grounding, not imported:
+# it needs torch): per kind ground_<kind>_own/_other/_gain/_chance/_n, and attention_img_share(_layer<i>).
+GROUNDING_KINDS = ("colour", "shape", "size")
+GROUNDING_PREFIXES = (val_metric("ground_"), val_metric("attention_img_"))
+
+
+def paper_numbers() -> dict:
+    # By package name, not by this file's place: vlbert/reference/ ships as package data.
+    return yaml.safe_load(resources.files("vlbert.reference").joinpath("paper_numbers.yaml").read_text())
+
+
+def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
+    """Every run of the study, a row each: ids, tags, status and final metrics."""
+    rows = []
+    for run in read_runs(uri, experiment):
+        tags, metrics = run.tags, run.metrics
+        rows.append(
+            {
+                "run_id": run.run_id,
+                "run_name": run.run_name,
+                "status": run.status,
+                "stage": tags.get(STAGE_TAG),
+                "setting": tags.get(SETTING_TAG),
+                "task": tags.get(TASK_TAG),
+                "seed": int(tags[SEED_TAG]) if tags.get(SEED_TAG) not in (None, "") else None,
+                "lr": float(tags[LR_TAG]) if tags.get(LR_TAG) not in (None, "") else None,
+                "parent_run_id": tags.get(PARENT_RUN_TAG),
+                "git_commit": tags.get(GIT_COMMIT_TAG),
+                "ended": tags.get(ENDED_TAG),  # why a run was ended from outside (killed, not continued)
+                "val_accuracy": metrics.get(final_metric("val")),
+                "test_accuracy": metrics.get(final_metric("test")),
+                "best_epoch": metrics.get(BEST_EPOCH_METRIC),
+                "artifact_uri": run.artifact_uri,
+                **{name: metrics.get(val_metric(name)) for name in PRETRAINING_METRICS},
+                **{k[len(VAL_PREFIX) :]: v for k, v in metrics.items() if k.startswith(GROUNDING_PREFIXES)},
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# What a run of each stage must have logged for the report to use it.
+RESULT_COLUMNS = {"finetune": ["val_accuracy", "test_accuracy"], "pretrain": list(PRETRAINING_METRICS)}
+
+
+def _what(run) -> str:
+    """A run's place in the study: setting / task / seed (pre-training: the setting)."""
+    parts = [run["setting"], run["task"], f"seed {int(run['seed'])}" if pd.notna(run["seed"]) else None]
+    return " / ".join(str(p) for p in parts if pd.notna(p))
+
+
+def latest_results(runs: pd.DataFrame, stage: str) -> tuple[pd.DataFrame, list[str]]:
+    """One run per (setting, task, seed): the newest one with results, finished or not, so that
+    a re-run's figures never give way to an older run's; and, for the report to say, what that
+    choice rests on: a run that did not finish, or a newer run that left no results."""
+    staged = runs[runs["stage"] == stage]
+    keys = ["setting", "task", "seed"]
+    chosen = staged[staged[RESULT_COLUMNS[stage]].notna().any(axis=1)].drop_duplicates(
+        keys
+    )  # search_runs: newest first
+    notes = [
+        f"{_what(run)}: run {run['run_id']} did not finish (status {run['status']}"
+        + (f": {run['ended']}" if isinstance(run.get("ended"), str) else "")
+        + "); its figures are used"
+        for _, run in chosen.iterrows()
+        if run["status"] != "FINISHED"
+    ]
+    used = {_what(run): run["run_id"] for _, run in chosen.iterrows()}
+    for _, run in staged.drop_duplicates(keys).iterrows():
+        older = used.get(_what(run))
+        if older is not None and older != run["run_id"]:
+            notes.append(
+                f"{_what(run)}: its newest run {run['run_id']} (status {run['status']}) has no results; "
+                f"the figures come from the older run {older}"
+            )
+    return chosen, notes
+
+
+def latest_pretraining(runs: pd.DataFrame) -> pd.DataFrame:
+    """The latest pre-training run with results of each setting, in the study's order."""
+    done = latest_results(runs, "pretrain")[0].set_index("setting")
+    return done.reindex([s for s in SETTINGS if s in done.index]).reset_index()
+
+
+def vcr_labels(jsonl_path) -> dict:
+    from ...data.vcr import read_vcr
+
+    return {e.annot_id: (e.answer_label, e.rationale_label) for e in read_vcr(jsonl_path)}
+
+
+def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "val") -> pd.DataFrame:
+    """VCR Q->AR per (setting, seed) from the Q->A and QA->R runs' prediction artifacts."""
+    from ...evaluation.vcr_eval import vcr_accuracy
+
+    rows = []
+    q2ar = DERIVED_TASKS["vcr_q2ar"]
+    q2a, qa2r = (finetunes[finetunes["task"] == part].set_index(["setting", "seed"]) for part in q2ar.parts)
+    for key in q2a.index.intersection(qa2r.index):
+        predictions = {}
+        for frame in (q2a, qa2r):
+            path = download_artifact(uri, frame.loc[key, "run_id"], predictions_artifact(split))
+            for p in json.loads(path.read_text()):
+                predictions.setdefault(p["annot_id"], {}).update(p)
+        rows.append(
+            {
+                "setting": key[0],
+                "seed": key[1],
+                "task": q2ar.name,
+                "stage": "derived",
+                f"{split}_accuracy": vcr_accuracy(labels, predictions)["q2ar"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def history(uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:
+    """Every (step, value) a run logged of `metric`, in step order."""
+    return sorted(metric_history(uri, run_id, metric))
+
+
+def per_epoch(uri: str, run_id: str, metric: str) -> tuple[list, list]:
+    """A validation metric's history against the epoch: the loop logs `epoch` at the same step."""
+    epochs = dict(metric_history(uri, run_id, EPOCH_METRIC))
+    points = sorted((epochs[step], value) for step, value in metric_history(uri, run_id, metric) if step in epochs)
+    return [e for e, _ in points], [v for _, v in points]

@@ -1,0 +1,279 @@
+"""The report's text: Table 4 as markdown, CSV and LaTeX, the findings, VCR Q->AR, pre-training
+and the RoI detector, from what read.py and statistics.py give."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ... import io
+from ...registry import SETTINGS, TABLE4_TASKS, TASKS
+from .read import GROUNDING_KINDS, PRETRAINING_METRICS, latest_pretraining
+from .statistics import MISSING
+
+# ---- Table 4 and the findings ----------------------------------------------------------------
+
+
+def _cell(mean, std, n, seeds: int = 0) -> str:
+    """mean ± std over seeds; a cell without runs is MISSING, one with a single seed says n=1
+    (it has no spread, not a spread of 0), one with fewer seeds than the others says how many."""
+    if pd.isna(mean) or not n:
+        return MISSING
+    if n == 1:
+        return f"{mean:.1f} (n=1)"
+    return f"{mean:.1f} ± {std:.1f}" + (f" (n={int(n)})" if n < seeds else "")
+
+
+def _cells(table: pd.DataFrame, setting: str) -> list[str]:
+    seeds = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
+    return [
+        _cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"], table.loc[setting, f"{t}_n"], seeds)
+        for t in TABLE4_TASKS
+    ]
+
+
+def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] = ()) -> None:
+    """table4.{md,csv,tex}; `notes`: what the figures rest on (runs that did not finish), said below the table."""
+    published = paper["ablation_table4"]
+    marker = " †" if published["provenance"] == "recalled" else ""
+    header = ["setting"] + [TASKS[t].table4_title for t in TABLE4_TASKS] + [f"paper {t}{marker}" for t in TABLE4_TASKS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    csv_rows = []
+    for setting in SETTINGS:
+        ours = _cells(table, setting)
+        theirs = [f"{v:.1f}" for v in published["rows"][setting]]
+        lines.append("| " + " | ".join([setting] + ours + theirs) + " |")
+        csv_rows.append(
+            {
+                "setting": setting,
+                **{f"{t}_{k}": table.loc[setting, f"{t}_{k}"] for t in TABLE4_TASKS for k in ("mean", "std", "n")},
+                **{f"paper_{t}": v for t, v in zip(TABLE4_TASKS, published["rows"][setting])},
+            }
+        )
+    n = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
+    note = (
+        f"\nOurs: mean ± standard deviation over seeds (up to {n} per cell), accuracy in percent. "
+        f"Paper: ICLR 2020 Table 4, VL-BERT_BASE."
+    )
+    shown = " ".join(" ".join(_cells(table, s)) for s in SETTINGS)
+    if MISSING in shown:
+        note += f" {MISSING} no run with results for this setting and task."
+    if "(n=" in shown:
+        note += " (n=k): only k seeds, (n=1) a single one, which has no spread."
+    if marker:
+        note += (
+            " † The paper's Table 4 numbers are recalled, not confirmed from the paper's text "
+            "(the seed documents show the table only as an image); its findings are stated in the text."
+        )
+    if notes:
+        note += "\n\nNotes on the runs behind these figures:\n\n" + "\n".join(f"- {line}" for line in notes)
+    io.write_text(out / "table4.md", "# Table 4: pre-training ablation\n\n" + "\n".join(lines) + "\n" + note + "\n")
+    pd.DataFrame(csv_rows).to_csv(out / "table4.csv", index=False)
+    tex = [
+        "\\begin{tabular}{l" + "c" * (2 * len(TABLE4_TASKS)) + "}",
+        "\\toprule",
+        "setting & "
+        + " & ".join(TASKS[t].table4_title.replace(">", "$>$") for t in TABLE4_TASKS)
+        + " & "
+        + " & ".join(f"paper {i + 1}" for i in range(len(TABLE4_TASKS)))
+        + " \\\\",
+        "\\midrule",
+    ]
+    for setting in SETTINGS:
+        ours = [c.replace("±", "$\\pm$").replace(MISSING, "---") for c in _cells(table, setting)]
+        tex.append(
+            f"{setting.replace('_', chr(92) + '_')} & "
+            + " & ".join(ours + [f"{v:.1f}" for v in published["rows"][setting]])
+            + " \\\\"
+        )
+    tex += ["\\bottomrule", "\\end{tabular}"]
+    io.write_text(out / "table4.tex", "\n".join(tex) + "\n")
+
+
+def write_findings(results: list[dict], out: Path) -> None:
+    lines = [
+        "# The paper's findings, checked on this run",
+        "",
+        "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* "
+        "when larger than the larger of the two settings' seed standard deviations.",
+        "",
+    ]
+    agree = sum(r["verdict"] == "agrees" for r in results)
+    no_data = sum(r["verdict"] == "no data" for r in results)
+    separated = sum(any(t["beyond_spread"] for t in r["tasks"]) for r in results if r["verdict"] == "agrees")
+    lines += [
+        f"This run agrees with {agree} of {len(results)} findings"
+        + (f"; {no_data} have no data (a setting or task without runs)" if no_data else "")
+        + f". In {separated} of the agreeing ones at least one task's delta is beyond the seed spread.",
+        "",
+    ]
+    for r in results:
+        lines.append(f"## {r['text']}: {r['verdict']}")
+        lines.append("")
+        lines.append("| task | delta | seed spread | sign as the paper's | beyond spread |")
+        lines.append("|---|---|---|---|---|")
+        for t in r["tasks"]:
+            if t["agrees"] is None:
+                lines.append(f"| {t['task']} | no data | {MISSING} | {MISSING} | {MISSING} |")
+                continue
+            spread = "n/a (n=1)" if math.isnan(t["spread"]) else f"{t['spread']:.2f}"
+            beyond = "n/a" if t["beyond_spread"] is None else "yes" if t["beyond_spread"] else "no"
+            lines.append(
+                f"| {t['task']} | {t['delta']:+.2f} | {spread} | {'yes' if t['agrees'] else 'no'} | {beyond} |"
+            )
+        gaps = [f"{t['task']} ({' and '.join(t['missing'])})" for t in r["tasks"] if t["missing"]]
+        if gaps:
+            measured = [t for t in r["tasks"] if t["agrees"] is not None]
+            agreeing = "; the measured tasks agree in sign" if measured and r["verdict"] == "no data" else ""
+            lines += ["", f"No runs with results for: {', '.join(gaps)}{agreeing}."]
+        if r["largest_on"] and r["largest_ok"] is not None:
+            lines.append("")
+            lines.append(
+                f"The paper says the gain is largest on {r['largest_on'].upper()}: "
+                f"{'so it is here' if r['largest_ok'] else 'not so here'}."
+            )
+        lines.append("")
+    io.write_text(out / "findings.md", "\n".join(lines))
+    io.write_json(out / "findings.json", results, indent=2)
+
+
+def write_q2ar(derived: pd.DataFrame, out: Path) -> None:
+    """vcr_q2ar.md: VCR Q->AR per setting over seeds, from derive_q2ar's rows."""
+    q2ar = derived.groupby("setting")["val_accuracy"].agg(["mean", "std", "count"]).reindex(list(SETTINGS))
+    lines = ["| setting | VCR Q->AR (val) |", "|---|---|"]
+    lines += [
+        f"| {s} | {_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |" for s, r in q2ar.iterrows()
+    ]
+    io.write_text(
+        out / "vcr_q2ar.md", "# VCR Q->AR, from each seed's Q->A and QA->R runs\n\n" + "\n".join(lines) + "\n"
+    )
+
+
+# ---- pre-training ----------------------------------------------------------------------------
+
+
+def write_pretraining(runs: pd.DataFrame, out: Path, notes: list[str] = ()) -> None:
+    """pretraining.md: each setting's masked words right on the val captions, with their own image
+    and with another caption's, and the difference (how much the model reads the image). `notes`:
+    what the figures rest on (runs that did not finish)."""
+    lines = [
+        "| setting | masked words right (%) | with another caption's image (%) | visual clue gain (points) |",
+        "|---|---|---|---|",
+    ]
+    for _, run in latest_pretraining(runs).iterrows():
+        cells = ["-" if run.get(k) is None or pd.isna(run.get(k)) else f"{run[k]:.1f}" for k in PRETRAINING_METRICS]
+        lines.append(f"| {run['setting']} | " + " | ".join(cells) + " |")
+    note = (
+        "\nLast epoch of pre-training, on the val captions with fixed masks. The same masked words are "
+        "scored twice: with each caption's own image, and with the image of another caption that has as "
+        "many regions. A gain near 0 means the model fills the masks from the words alone: whatever else "
+        "pre-training taught it, it has not learnt to read the image.\n"
+    )
+    if notes:
+        note += "\nNotes on the runs behind these figures:\n\n" + "\n".join(f"- {line}" for line in notes) + "\n"
+    grounding = [
+        "## Per word kind",
+        "",
+        "Per kind of word (colour, shape, size), every word of that kind in a val caption (up to the "
+        "first 300 captions) is masked at once and chosen among the kind's words only, with the caption's own "
+        "image and with the other caption's image as above. No other mention of the kind is left to "
+        "copy and the grammar does not tell which word of the kind it is: only the image does. Chance: "
+        "one in the kind's words. Below each table: the attention probability mass of those masked "
+        "words on the [IMG] elements, with the own image, against the mass uniform attention would "
+        "put there.",
+        "",
+    ]
+    for _, run in latest_pretraining(runs).iterrows():
+        grounding += [f"### {run['setting']}", "", *grounding_lines(run), ""]
+    io.write_text(
+        out / "pretraining.md",
+        "# Pre-training: do the masked words use the image?\n\n"
+        + "\n".join(lines)
+        + "\n"
+        + note
+        + "\n"
+        + "\n".join(grounding),
+    )
+
+
+def _value(run, key):
+    value = run.get(key)
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def grounding_lines(run) -> list[str]:
+    """One setting's grounding probe, last epoch: a row per word kind, then the attention share."""
+    if _value(run, f"ground_{GROUNDING_KINDS[0]}_own") is None:
+        return ["Not measured (a run from before the grounding probe)."]
+    lines = ["| kind | own (%) | other (%) | gain (points) | chance (%) | n |", "|---|---|---|---|---|---|"]
+    for kind in GROUNDING_KINDS:
+        own, other, chance, n = (_value(run, f"ground_{kind}_{k}") for k in ("own", "other", "chance", "n"))
+        if own is not None:
+            lines.append(f"| {kind} | {own:.1f} | {other:.1f} | {own - other:+.1f} | {chance:.1f} | {int(n)} |")
+    share, uniform = _value(run, "attention_img_share"), _value(run, "attention_img_uniform")
+    if share is not None:
+        layers = []
+        while (layer := _value(run, f"attention_img_share_layer{len(layers)}")) is not None:
+            layers.append(layer)
+        lines += [
+            "",
+            f"Attention on [IMG] (own image, mean over layers and heads): {share:.3f}, uniform "
+            f"{uniform:.3f}; per layer: " + ", ".join(f"{v:.3f}" for v in layers) + ".",
+        ]
+    return lines
+
+
+# ---- the RoI detector ------------------------------------------------------------------------
+
+GROUND_TRUTH_CHECKS = {"class": "class right (%)", "shape": "shape right (%)", "colour": "colour right (%)"}
+SIZE_ROWS = ("small", "medium", "large")  # metrics.json sorts its keys: the table orders them back
+
+
+def ground_truth_table(accuracy: dict) -> list[str]:
+    """Markdown rows: per size group, its ground-truth boxes and the shares the box head names right."""
+    checks = [k for k in GROUND_TRUTH_CHECKS if k in accuracy["all"]]
+    lines = [
+        "| size | boxes | " + " | ".join(GROUND_TRUTH_CHECKS[k] for k in checks) + " |",
+        "|---|---|" + "---|" * len(checks),
+    ]
+    groups = sorted(accuracy["by_size"], key=lambda g: (SIZE_ROWS.index(g) if g in SIZE_ROWS else len(SIZE_ROWS), g))
+    for group, counts in [*((g, accuracy["by_size"][g]) for g in groups), ("all", accuracy["all"])]:
+        lines.append(f"| {group} | {counts['boxes']} | " + " | ".join(f"{100 * counts[k]:.1f}" for k in checks) + " |")
+    return lines
+
+
+def write_detector(metrics_path, out: Path) -> None:
+    """detector.md: the RoI detector's val mAP and how well it names ground-truth boxes per size,
+    from the metrics `vlbert train-detector` wrote, so that a preset change that degrades the
+    features every later stage reads shows in the report."""
+    metrics_path = Path(metrics_path)
+    lines = []
+    if not metrics_path.is_file():
+        lines.append(f"No detector metrics at {metrics_path}: the detector was not trained by this study.")
+    else:
+        metrics = json.loads(metrics_path.read_text())
+        lines.append(
+            f"COCO box mAP on the val split: {metrics['val_mAP']:.3f} (IoU .50:.95), "
+            f"{metrics['val_mAP50']:.3f} (IoU 0.5)."
+        )
+        accuracy = metrics.get("val_gt_accuracy")
+        if accuracy and accuracy["all"].get("boxes"):
+            lines += [
+                "",
+                "The box head on the val split's ground-truth boxes (the boxes the study's "
+                "ground-truth mode extracts): the share whose best class is right, and whose shape "
+                "and colour are right, per object size.",
+                "",
+                *ground_truth_table(accuracy),
+            ]
+        else:
+            lines += [
+                "",
+                "These metrics have no ground-truth box accuracy (a detector trained before it was "
+                "measured): retrain it, or measure it with `python bench/detector_quality.py "
+                "--detector <detector folder> --data <detector data folder>`.",
+            ]
+    io.write_text(out / "detector.md", "# The RoI detector\n\n" + "\n".join(lines) + "\n")
