@@ -329,6 +329,17 @@ def read_runs(uri: str, experiment: str) -> list[RecordedRun]:
     ]
 
 
+def find_experiment_id(uri: str, name: str) -> str | None:
+    """The id of experiment `name` in the store at `uri` (None when it has none)."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        found = MlflowClient(tracking_uri=uri).get_experiment_by_name(name)
+    except Exception as exc:  # any store failure is reported the same way
+        raise TrackingStoreError(f"the tracking store {uri} does not answer: {exc}") from None
+    return found.experiment_id if found is not None else None
+
+
 def metric_history(uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:
     """Every (step, value) the run logged of `metric`, in the store's order."""
     from mlflow.tracking import MlflowClient

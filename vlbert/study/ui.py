@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..tracking import TrackingStoreError, default_tracking_uri, experiment_name
+from ..tracking import TrackingStoreError, default_tracking_uri, experiment_name, find_experiment_id
 
 SERVED_STORES = ("sqlite:", "file:", "postgresql", "mysql", "mssql")
 
@@ -20,22 +20,17 @@ def runs_table_url(base: str, experiment_id: str) -> str:
 
 def find_experiment(uri: str, name: str) -> str:
     """The id of experiment `name` in the store at `uri`; an error that says what to run when absent."""
-    from mlflow.tracking import MlflowClient
-
     database = uri.removeprefix("sqlite:///")
     if uri.startswith("sqlite:///") and not os.path.isfile(database):  # MLflow would create an empty one
         raise TrackingStoreError(
             f"no tracking store at {database}: run the study first (make reproduce PRESET=<preset>)"
         )
-    try:
-        found = MlflowClient(tracking_uri=uri).get_experiment_by_name(name)
-    except Exception as exc:  # any store failure is reported the same way
-        raise TrackingStoreError(f"the tracking store {uri} does not answer: {exc}") from None
+    found = find_experiment_id(uri, name)
     if found is None:
         raise TrackingStoreError(
             f"no experiment {name!r} in {uri}: run the study first (make reproduce PRESET=<preset>)"
         )
-    return found.experiment_id
+    return found
 
 
 def mlflow_ui_command(uri: str, host: str, port: int) -> list[str]:
