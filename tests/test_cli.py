@@ -46,7 +46,6 @@ def _non_finite_loss(tmp_path):
     """The training loop's own error on a NaN loss."""
     from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
     from vlbert.engine.optim import build_optimizer, build_scheduler
-    from vlbert.tracking import NullTracker
 
     model = torch.nn.Linear(2, 1)
     optimizer = build_optimizer(model, {"lr": 0.1})
@@ -58,7 +57,7 @@ def _non_finite_loss(tmp_path):
         LoopConfig(1, 2, progress=False),
         tmp_path,
         LoopSteps(lambda epoch, b: {"x": torch.ones(1, 2)}, loss_fn),
-        NullTracker(),
+        [],
     )
     try:
         loop.fit()

@@ -637,3 +637,38 @@ def test_a_crash_while_saving_leaves_the_last_checkpoint_whole(tmp_path, monkeyp
         model.save_pretrained(tmp_path / "ckpt")
     assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no staging folder left
+
+
+def test_the_load_report_shows_only_for_a_checkpoint_that_does_not_fit(tmp_path):
+    # Seen: every fine-tuning log opened with transformers' LOAD REPORT of the pre-training head
+    # left behind and the task's new one, as expected as it gets.
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    class Reports(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def emit(self, record):
+            self.seen.append(record.getMessage())
+
+    reports = Reports()
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addHandler(reports)
+    try:
+        VLBertForPreTraining(tiny_config()).save_pretrained(tmp_path / "good")
+        VLBertForVCR.from_pretrained(tmp_path / "good")
+        assert not [m for m in reports.seen if "LOAD REPORT" in m]
+        bad = tmp_path / "bad"
+        bad.mkdir()
+        (bad / "config.json").write_text((tmp_path / "good" / "config.json").read_text())
+        state = load_file(str(tmp_path / "good" / "model.safetensors"))
+        del state["vlbert.bert.encoder.layer.1.output.dense.weight"]
+        save_file(state, str(bad / "model.safetensors"))
+        with pytest.raises(ValueError, match="does not fit"):
+            VLBertForVCR.from_pretrained(bad)
+        assert [m for m in reports.seen if "LOAD REPORT" in m and "encoder.layer.1.output.dense.weight" in m]
+    finally:
+        logger.removeHandler(reports)

@@ -632,8 +632,8 @@ def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
 
 
 def _tiny_loop(folder, identity, lr=0.1, select_metric=None, evaluate=None, tracker=None):
+    from vlbert.engine.callbacks import BestEpoch, Tracking
     from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
-    from vlbert.tracking import NullTracker
 
     torch.manual_seed(0)
     model = Tiny(2)
@@ -645,10 +645,10 @@ def _tiny_loop(folder, identity, lr=0.1, select_metric=None, evaluate=None, trac
         model,
         optimizer,
         scheduler,
-        LoopConfig(2, 10, checkpoint_every=5, select_metric=select_metric, progress=False),
+        LoopConfig(2, 10, checkpoint_every=5, progress=False),
         folder,
         LoopSteps(batch, loss_fn, evaluate),
-        tracker or NullTracker(),
+        [Tracking(tracker or NullTracker()), BestEpoch(select_metric)],
         identity=identity,
     )
 
@@ -754,7 +754,6 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(smoke_study, 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path):
     from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
-    from vlbert.tracking import NullTracker
 
     model = Tiny(2)
     optimizer = build_optimizer(model, {"lr": 0.1})
@@ -773,7 +772,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp
         LoopConfig(2, 10, checkpoint_every=5, progress=False),
         tmp_path,
         LoopSteps(make_batch, loss_fn),
-        NullTracker(),
+        [],
     )
     # The message names the step and each of the setting's losses, so that the culprit shows.
     with pytest.raises(
@@ -1079,7 +1078,6 @@ def test_two_processes_on_cpu_stay_in_step(smoke_study, tmp_path):
 def test_autocast_precision_trains(tmp_path, precision):
     """bf16 autocast (GPU in real use; CPU here) runs the same loop and still learns."""
     from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
-    from vlbert.tracking import NullTracker
 
     torch.manual_seed(0)
     model = Tiny(4)
@@ -1094,7 +1092,7 @@ def test_autocast_precision_trains(tmp_path, precision):
         LoopConfig(2, 20, precision=precision, progress=False),
         tmp_path,
         LoopSteps(lambda e, b: {"x": x, "y": y}, loss_fn),
-        NullTracker(),
+        [],
     )
     before = loss_fn(model, {"x": x, "y": y})[0].item()
     loop.fit()
@@ -1107,7 +1105,7 @@ def test_autocast_precision_trains(tmp_path, precision):
             LoopConfig(1, 1, precision="fp8"),
             tmp_path,
             LoopSteps(None, None),
-            NullTracker(),
+            [],
         )
 
 

@@ -3,7 +3,8 @@
 __version__ = "0.1.0"
 
 # The model classes on transformers' Auto classes: after `import vlbert`,
-# AutoModel.from_pretrained(folder) loads a checkpoint the study wrote.
-from .modeling import register_auto_classes as _register_auto_classes
+# AutoModel.from_pretrained(folder) loads a checkpoint the study wrote. Done when transformers'
+# Auto classes load, not here: vlbert/auto.py.
+from .auto import register_on_use as _register_on_use
 
-_register_auto_classes()
+_register_on_use()

@@ -18,6 +18,7 @@ from ..data.conceptual_captions import read_captions
 from ..data.text_corpus import read_corpus
 from ..modeling.processing_vlbert import VLBertProcessor, wordpiece_from_texts
 from ..tasks.pretraining import CorpusDataset, TextOnlyCollator
+from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
 from .loop import LoopConfig, LoopSteps, TrainingLoop
 from .optim import build_optimizer, build_scheduler
@@ -139,7 +140,7 @@ def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool =
         LoopConfig(epochs, batches, progress=progress, **preset.get("training", {})),
         out,
         LoopSteps(make_batch, loss_fn),
-        tracker,
+        [Tracking(tracker), BestEpoch()],
         identity=identity,
     )
     state = loop.fit()

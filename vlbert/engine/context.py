@@ -21,7 +21,8 @@ class RunInputs:
 @dataclass(frozen=True)
 class TrainingContext:
     """The preset, the run's inputs, its tokenizer (`processor`), its MLflow tracker, the device,
-    and whether to show progress bars."""
+    whether to show progress bars, and more callbacks for the training loop (a sweep trial's Ray
+    reporting; engine/callbacks.py)."""
 
     preset: dict
     inputs: RunInputs
@@ -29,3 +30,4 @@ class TrainingContext:
     tracker: object
     device: str = "cpu"
     progress: bool = True
+    callbacks: tuple = ()

@@ -18,6 +18,7 @@ from ..config import finetune_epochs, finetune_options
 from ..tasks.regions import feature_mean
 from ..tracking import BEST_EPOCH_METRIC, final_metric
 from .build import build_model
+from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
 from .context import TrainingContext
 from .device import move_to
@@ -130,17 +131,11 @@ def finetune(
         wrap(model, device),
         optimizer,
         scheduler,
-        LoopConfig(
-            epochs,
-            batches,
-            select_metric="accuracy",
-            max_steps=max_steps,
-            progress=context.progress,
-            **preset.get("training", {}),
-        ),
+        LoopConfig(epochs, batches, max_steps=max_steps, progress=context.progress, **preset.get("training", {})),
         out,
         LoopSteps(make_batch, loss_fn, evaluate),
-        tracker,
+        # A sweep's Ray reporting (context.callbacks) comes before the best epoch is saved.
+        [Tracking(tracker), *context.callbacks, BestEpoch(select_metric="accuracy")],
         identity=identity,
     )
     state = loop.fit()

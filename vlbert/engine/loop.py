@@ -1,25 +1,21 @@
-"""The training loop: epochs of batches, checkpoints, resume, per-epoch validation, best epoch.
+"""The training loop: epochs of batches, checkpoints, resume, per-epoch validation.
 
-It knows nothing of what a batch holds (the stage gives `make_batch` and `loss_fn`) nor of where
-metrics go (it reports to a `Tracker`). Batch b of epoch e is always the same examples with the
-same random choices, so a run killed at any point and re-run with the same command continues
-exactly: same batches, same dropout (the RNG state is in the checkpoint), same metrics. A
-checkpoint is resumed only by the run that made it (its `identity`: preset values, arguments,
-inputs); any other run starts afresh and says why in one line. A finished run re-run writes its
-best weights again if they are gone.
+It knows nothing of what a batch holds (the stage gives `make_batch` and `loss_fn`) nor of what
+is done with what it measures: its callbacks (callbacks.py) keep the best epoch's weights
+(`BestEpoch`) and record the training in a tracker (`Tracking`; a sweep adds its Ray reporting).
 
-The tracker's run follows the training: `tracking.json` names the folder's last run and what it
-trained (a digest of the identity). A resumed checkpoint of that training continues that run, so
-that one run holds the whole history; a run whose training is not resumed is ended as killed,
-saying why.
+Batch b of epoch e is always the same examples with the same random choices, so a run killed at
+any point and re-run with the same command continues exactly: same batches, same dropout (the
+RNG state is in the checkpoint), same metrics. A checkpoint is resumed only by the run that made
+it (its `identity`: preset values, arguments, inputs); any other run starts afresh and says why
+in one line (a callback may refuse it too: `BestEpoch` does when a finished run's best weights
+are gone and were not its last epoch's; a finished run re-run writes them again otherwise).
 
 Under torchrun each process takes every world_size-th batch and DDP averages the gradients.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import shutil
 import time
@@ -32,8 +28,8 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from .. import io
-from ..tracking import EPOCH_METRIC, LOSS_METRIC, RESUMED_TAG, val_metric
+from ..tracking import LOSS_METRIC
+from .callbacks import Callback
 from .checkpoint import (
     checkpoint_identity,
     discard_checkpoint,
@@ -47,8 +43,6 @@ from .checkpoint import (
 from .device import move_to
 from .distributed import is_main_process, rank, unwrap, world_size
 
-TRACKING_FILE = "tracking.json"  # the tracker's run that last trained in the folder, and what it trained
-
 
 @dataclass
 class LoopConfig:
@@ -57,8 +51,7 @@ class LoopConfig:
     checkpoint_every: int = 50  # steps; also at every epoch end
     grad_clip: float = 1.0
     log_every: int = 10
-    select_metric: str | None = None  # validation metric to pick the best epoch by (higher is better)
-    max_steps: int | None = None  # stop early (benchmarks, quick looks): no validation, no best
+    max_steps: int | None = None  # stop early (benchmarks, quick looks): no validation
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
     progress: bool = True  # a progress bar (on the main process only)
 
@@ -78,7 +71,7 @@ class LoopState:
     epoch: int = 0  # epoch in progress
     batch: int = 0  # next batch (this process's count) within it
     step: int = 0  # optimiser steps done
-    best_metric: float = -math.inf
+    best_metric: float = -math.inf  # kept by the BestEpoch callback
     best_epoch: int = -1
     history: list = field(default_factory=list)  # per-epoch validation metrics
 
@@ -87,6 +80,10 @@ class LoopState:
 
 
 class TrainingLoop:
+    """Trains into `out_dir`: its checkpoint/ (resumed by the run of the same `identity`) and the
+    best epoch's weights in best/ (written by a `BestEpoch` callback). `callbacks` are called in
+    their order (callbacks.py)."""
+
     def __init__(
         self,
         model,
@@ -95,14 +92,14 @@ class TrainingLoop:
         config: LoopConfig,
         out_dir,
         steps: LoopSteps,
-        tracker,
+        callbacks: list[Callback],
         identity: dict | None = None,
     ):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.identity = normalise_identity(identity) if identity is not None else None
         self.config, self.out_dir = config, Path(out_dir)
         self.make_batch, self.loss_fn, self.evaluate = steps.make_batch, steps.loss_fn, steps.evaluate
-        self.tracker = tracker
+        self.callbacks = list(callbacks)
         self.progress = config.progress and is_main_process()
         self.checkpoint_dir = self.out_dir / "checkpoint"
         self.best_dir = self.out_dir / "best"
@@ -131,13 +128,11 @@ class TrainingLoop:
             if differences:
                 more = f" and {len(differences) - 4} more" if len(differences) > 4 else ""
                 return f"it was made by another run (differs in {', '.join(differences[:4])}{more})"
-        finished = saved["position"]["epoch"] >= self.config.epochs
-        if finished and not self._best_complete() and saved["extra"]["best_epoch"] != self.config.epochs - 1:
-            return f"it finished, but the best epoch's weights ({self.best_dir}) are gone"
+        for callback in self.callbacks:
+            reason = callback.why_not_resume(self, saved)
+            if reason is not None:
+                return reason
         return None
-
-    def _best_complete(self) -> bool:
-        return (self.best_dir / "model.safetensors").is_file()
 
     def resume(self) -> bool:
         found = latest_checkpoint(self.checkpoint_dir)
@@ -163,32 +158,6 @@ class TrainingLoop:
             history=extra["history"],
         )
         return True
-
-    def _start_tracking(self, resumed: bool) -> None:
-        """Continue the folder's last run if the checkpoint resumed is of its training (one copied
-        from a sweep trial into a folder that trained another rate is not); else end that run,
-        which will never go on, and start a new one."""
-        record = self.out_dir / TRACKING_FILE
-        last = json.loads(record.read_text()) if record.is_file() else {"run_id": None}
-        trains = hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()
-        continuing = resumed and last["run_id"] is not None and last["identity"] == trains
-        run_id = self.tracker.start(continue_run=last["run_id"] if continuing else None)
-        if continuing and run_id == last["run_id"]:
-            self.tracker.set_tags({RESUMED_TAG: self.state.step})
-            return
-        if last["run_id"] is not None:
-            why = (
-                self.not_resumed
-                if not resumed
-                else "it could not be reopened"
-                if continuing
-                else "the checkpoint resumed is another training's"
-            )
-            self.tracker.abandon(
-                last["run_id"], f"not continued, as {why}; {self.out_dir} trains again in run {run_id}"
-            )
-        if run_id is not None:
-            io.write_json(record, {"run_id": run_id, "identity": trains})
 
     def save(self) -> None:
         if is_main_process():
@@ -240,8 +209,8 @@ class TrainingLoop:
         resumed = self.resume()
         if resumed and is_main_process():
             print(f"resuming from {self.checkpoint_dir}: epoch {self.state.epoch + 1}, batch {self.state.batch}")
-        if is_main_process():
-            self._start_tracking(resumed)
+        for callback in self.callbacks:
+            callback.on_train_start(self, resumed)
         mine = self._batch_indices()
         with ThreadPoolExecutor(max_workers=1) as loader:
             while self.state.epoch < self.config.epochs:
@@ -268,34 +237,26 @@ class TrainingLoop:
                     self.state.step += 1
                     self.state.batch += 1
                     bar.update(1)
-                    if self.state.step % self.config.log_every == 0 and is_main_process():
-                        self.tracker.log_metrics(
-                            {
-                                **logs,
-                                "lr": self.scheduler.get_last_lr()[0],
-                                "data_wait_share": self.data_wait / max(self.step_time, 1e-9),
-                            },
-                            step=self.state.step,
-                        )
+                    if self.state.step % self.config.log_every == 0:
+                        logs |= {
+                            "lr": self.scheduler.get_last_lr()[0],
+                            "data_wait_share": self.data_wait / max(self.step_time, 1e-9),
+                        }
+                        for callback in self.callbacks:
+                            callback.on_log(self, logs)
                     if self.state.step % self.config.checkpoint_every == 0 and self.state.batch < len(mine):
                         self.save()
                     if self.config.max_steps is not None and self.state.step >= self.config.max_steps:
                         bar.close()
-                        return self.state
+                        return self._end_training()
                 bar.close()
                 self._end_epoch()
-        if is_main_process() and not self._best_complete():
-            # A finished run whose outputs were removed (Snakemake deletes a crashed job's): its
-            # last epoch is the best one here (resume() restarts the others), and the model holds it.
-            self._save_best()
-        return self.state
+        return self._end_training()
 
-    def _save_best(self) -> None:
-        partial = self.best_dir.with_name("best.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        unwrap(self.model).save_pretrained(partial)
-        shutil.rmtree(self.best_dir, ignore_errors=True)
-        partial.rename(self.best_dir)
+    def _end_training(self) -> LoopState:
+        for callback in self.callbacks:
+            callback.on_train_end(self)
+        return self.state
 
     def _check_in_step(self) -> None:
         """Under DDP every process must hold the same weights; a drift is a bug, not noise."""
@@ -318,15 +279,8 @@ class TrainingLoop:
         s = self.state
         metrics = self.evaluate(unwrap(self.model)) if self.evaluate is not None and is_main_process() else {}
         s.history.append(metrics)
-        if metrics and is_main_process():
-            logged = {val_metric(k): v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self.tracker.log_metrics(logged | {EPOCH_METRIC: s.epoch + 1}, step=s.step)
-        select = self.config.select_metric
-        if select is None or (metrics and metrics[select] > s.best_metric):
-            s.best_metric = metrics[select] if select else s.best_metric
-            s.best_epoch = s.epoch
-            if is_main_process():
-                self._save_best()
+        for callback in self.callbacks:
+            callback.on_validation_end(self, s.epoch, metrics)
         s.epoch, s.batch = s.epoch + 1, 0
         self.save()
 

@@ -24,6 +24,7 @@ from ..registry import PRETRAINING_STORES
 from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator
 from ..tasks.regions import feature_mean, features_path, open_store
 from .build import build_model
+from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
 from .context import TrainingContext
 from .device import move_to
@@ -217,7 +218,7 @@ def pretrain(context: TrainingContext, setting, out, max_steps: int | None = Non
         LoopConfig(epochs, batches, max_steps=max_steps, progress=context.progress, **preset.get("training", {})),
         out,
         LoopSteps(make_batch, loss_fn, evaluate),
-        tracker,
+        [Tracking(tracker), *context.callbacks, BestEpoch()],  # the last epoch's weights are the best
         identity=identity,
     )
     state = loop.fit()

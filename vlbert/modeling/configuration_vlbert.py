@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from transformers import BertConfig
 
+from ..auto import register_models, register_on_use
+
 # BERT's uncased WordPiece vocabulary reserves [unused0..993]; VL-BERT's two new tokens take the
 # first two, so a BERT checkpoint's embedding matrix is used as it is (no resize, no new rows).
 IMG_TOKEN = "[unused0]"
@@ -56,6 +58,9 @@ class VLBertConfig(BertConfig):
         self.img_token_id = img_token_id
         self.end_token_id = end_token_id
         self.visual_scale_text_init = visual_scale_text_init
+        # The models on AutoModel and AutoModelForPreTraining, which from_pretrained asks after
+        # making the config (vlbert/auto.py: why not sooner).
+        register_models()
 
     @property
     def geometry_dim(self) -> int:
@@ -65,3 +70,7 @@ class VLBertConfig(BertConfig):
         # Every field, defaults included (transformers writes only those that differ): a
         # checkpoint's config.json tells its reader what it is (tune_frcnn, num_answers, ...).
         super().to_json_file(json_file_path, use_diff=use_diff)
+
+
+# On AutoConfig: now if transformers has loaded it, else when it does (vlbert/auto.py).
+register_on_use()

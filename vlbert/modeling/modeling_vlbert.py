@@ -16,6 +16,7 @@ Reading order: weight init, visual embeddings, `VLBertPreTrainedModel` (init, ch
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -35,6 +36,27 @@ from .configuration_vlbert import VLBertConfig
 from .fast_rcnn import FastRCNN
 
 IGNORE_INDEX = -100
+
+
+_TRANSFORMERS_LOADER = "transformers.modeling_utils"  # the logger of transformers' LOAD REPORT
+
+
+class _HeldLoadReport(logging.Filter):
+    """Holds back transformers' LOAD REPORT records; `release` logs them after all."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in record.getMessage():
+            self.records.append(record)
+            return False
+        return True
+
+    def release(self, logger: logging.Logger) -> None:
+        for record in self.records:
+            logger.handle(record)
 
 
 # Adapted from transformers.models.bert.modeling_bert.BertPreTrainedModel._init_weights: the same
@@ -221,10 +243,21 @@ class VLBertPreTrainedModel(PreTrainedModel):
         checkpoint of this class loads whole; one of another class (a pre-training checkpoint into
         a task head) leaves its head behind, and this model's own head starts new."""
         output_loading_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(
-            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-        )
-        model._check_checkpoint_fits(pretrained_model_name_or_path, info)
+        # transformers' LOAD REPORT lists the other class's head left behind and this one's new;
+        # held back, and shown only if the checkpoint does not fit (or a weight's shape differs).
+        held, fits = _HeldLoadReport(), False
+        report_logger = logging.getLogger(_TRANSFORMERS_LOADER)
+        report_logger.addFilter(held)
+        try:
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+            model._check_checkpoint_fits(pretrained_model_name_or_path, info)
+            fits = not info["mismatched_keys"]
+        finally:
+            report_logger.removeFilter(held)
+            if not fits:
+                held.release(report_logger)
         if model.base_model.fast_rcnn is not None:
             model.base_model.fast_rcnn.set_requires_grad()  # loading made every float parameter trainable
         return (model, info) if output_loading_info else model

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import io
 from ..config import finetune_epochs, study_seeds
+from ..engine.callbacks import Callback
 from ..engine.context import RunInputs, TrainingContext
 from ..registry import TASKS
 from ..tracking import (
@@ -28,6 +29,7 @@ from ..tracking import (
     SETTING_TAG,
     STAGE_TAG,
     TASK_TAG,
+    VAL_PREFIX,
     NullTracker,
     make_tracker,
     val_metric,
@@ -122,23 +124,22 @@ def _cluster_ray(address: str):
         ray.shutdown()
 
 
-class _TuneReporter:
-    """A Tracker that also hands each epoch's validation accuracy to Ray Tune (for ASHA)."""
+class TuneReport(Callback):
+    """A training loop callback that hands each epoch's validation accuracy to Ray Tune (for
+    ASHA). Ray may end the trial inside the report, so it comes before the best epoch is saved."""
 
-    def __init__(self, tracker):
-        self.tracker = tracker
+    def __init__(self):
         self.reported = False
 
-    def __getattr__(self, name):
-        return getattr(self.tracker, name)
-
-    def log_metrics(self, metrics: dict, step=None) -> None:
+    def on_validation_end(self, loop, epoch, metrics):
         from ray import tune
 
-        self.tracker.log_metrics(metrics, step)
-        if METRIC in metrics:
+        from ..engine.distributed import is_main_process
+
+        accuracy = metrics.get(METRIC.removeprefix(VAL_PREFIX))
+        if is_main_process() and isinstance(accuracy, (int, float)):
             self.reported = True
-            tune.report({METRIC: metrics[METRIC], "epoch": metrics.get(EPOCH_METRIC, 0)})
+            tune.report({METRIC: accuracy, EPOCH_METRIC: epoch + 1})
 
 
 def _trial(config: dict) -> None:
@@ -169,14 +170,16 @@ def _trial(config: dict) -> None:
         if parent_run_id
         else NullTracker()
     )
-    status, reporter = "FAILED", _TuneReporter(tracker)
+    status, reporter = "FAILED", TuneReport()
     try:
         tracker.log_params({"lr": lr, "seed": config["seed"]})
         inputs = RunInputs(
             config["data_root"], config["features_dir"], config["bert"], config["detector"], config["pretrained"]
         )
         processor = load_processor(config["bert"], preset["model"].get("max_text_length", 64))
-        context = TrainingContext(preset, inputs, processor, reporter, config["device"], progress=False)
+        context = TrainingContext(
+            preset, inputs, processor, tracker, config["device"], progress=False, callbacks=(reporter,)
+        )
         out = trial_dir(Path(config["out"]) / task, lr)
         finetune(context, setting(config["setting"]), task, lr, config["seed"], out, score_test=False)
         status = "FINISHED"
