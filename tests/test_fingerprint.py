@@ -81,3 +81,13 @@ def test_a_file_that_is_not_a_fingerprint_is_named(tmp_path, capsys):
     bad.write_text("hello")
     assert main(["fingerprint", str(bad), "--against", str(bad)]) == 2
     assert "notes.txt is neither a results folder nor a fingerprint JSON" in capsys.readouterr().err
+
+
+def test_the_committed_reference_fingerprint_covers_every_stage():
+    """A user compares a run with it (`vlbert fingerprint results/mini --against ...`): it must have
+    every stage this code fingerprints, or a change of the stages left it behind."""
+    from pathlib import Path
+
+    reference = fp.load(Path(__file__).parents[1] / "reports" / "reference" / "mini" / "fingerprint.json")
+    assert set(reference) == {stage for stage, _ in fp.STAGES}
+    assert all(reference.values())
