@@ -67,7 +67,7 @@ def yes_no_entry() -> registry.TaskSpec:
     return registry.TaskSpec(
         "vqa_yes_no",
         adapter=f"{__name__}:YesNoTask",
-        model_class="VLBertForVQA",
+        head="vqa",
         options_key="vqa",
         stores=vqa.stores,
         splits=vqa.splits,
@@ -79,7 +79,8 @@ def test_every_registered_task_names_its_adapter_and_head():
     for spec in registry.TASKS.values():
         module, _, cls = spec.adapter.partition(":")
         assert issubclass(getattr(importlib.import_module(module), cls), Task)
-        assert hasattr(modeling, spec.model_class)
+        for family in registry.FAMILIES.values():
+            assert family.head_classes[spec.head] in modeling.__dir__()
         assert set(spec.stores) == set(spec.splits) == {"train", "val", "test"}
     assert all(registry.TASKS[t].table4_title for t in registry.TABLE4_TASKS)
 

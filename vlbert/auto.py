@@ -1,15 +1,15 @@
-"""VL-BERT on transformers' Auto classes, without importing transformers at `import vlbert`.
+"""The model families on transformers' Auto classes, without importing transformers at `import vlbert`.
 
 After `import vlbert`, AutoConfig and AutoModel / AutoModelForPreTraining .from_pretrained(folder)
 load a checkpoint the study wrote. Registering there and then would import transformers' Auto
 classes, and torch with them (seconds for `vlbert --help`), so `import vlbert` only arranges it:
 
-- model_type "vlbert" goes on AutoConfig once transformers has loaded AutoConfig's module (at
-  once if it has already). Not while transformers is still loading it: transformers loads it on
+- model_types "vlbert", "vilbert" and "pixelbert" go on AutoConfig once transformers has loaded
+  AutoConfig's module (at once if it has already). Not while transformers is still loading it: transformers loads it on
   the way to AutoModel, and a configuration class cannot be made before AutoModel's module is
   whole (BertConfig's docstring asks it). So a finder on sys.meta_path lets transformers' modules
   load as they would, counts those running, and registers when none is.
-- the models go on AutoModel and AutoModelForPreTraining when the first VLBertConfig is made
+- the models go on AutoModel and AutoModelForPreTraining when the first config is made
   (from_pretrained makes the config before it looks for the model class): they import
   transformers' BERT, which must not be in the middle of its own loading either.
 """
@@ -20,36 +20,48 @@ import sys
 from importlib.abc import MetaPathFinder
 
 AUTO_CONFIG_MODULE = "transformers.models.auto.configuration_auto"
-CONFIG_MODULE = "vlbert.modeling.configuration_vlbert"
+# Per model family: its configuration module and config class, its modeling module and the
+# classes that go on AutoModel and AutoModelForPreTraining.
+FAMILIES = {
+    "vlbert": ("VLBertConfig", "modeling_vlbert", "VLBertModel", "VLBertForPreTraining"),
+    "vilbert": ("ViLBertConfig", "modeling_vilbert", "ViLBertModel", "ViLBertForPreTraining"),
+    "pixelbert": ("PixelBertConfig", "modeling_pixelbert", "PixelBertModel", "PixelBertForPreTraining"),
+}
+CONFIG_MODULE = "vlbert.modeling.configuration_{}"
 _models_registered = False
 
 
 def register_config(auto_config) -> bool:
-    """VLBertConfig on AutoConfig; False if left to VLBertConfig's module, being imported (it
-    imports transformers, which may load AutoConfig's module on the way): it calls
-    `register_on_use` at its end."""
-    module = sys.modules.get(CONFIG_MODULE)
-    if module is not None and not hasattr(module, "VLBertConfig"):
-        return False
-    from .modeling.configuration_vlbert import VLBertConfig
+    """Every family's config on AutoConfig; False if left to a configuration module being
+    imported (it imports transformers, which may load AutoConfig's module on the way): that
+    module calls `register_on_use` at its end."""
+    import importlib
 
-    auto_config.register(VLBertConfig.model_type, VLBertConfig, exist_ok=True)
+    for family, (config_name, *_) in FAMILIES.items():
+        module = sys.modules.get(CONFIG_MODULE.format(family))
+        if module is not None and not hasattr(module, config_name):
+            return False
+    for family, (config_name, *_) in FAMILIES.items():
+        config_class = getattr(importlib.import_module(CONFIG_MODULE.format(family)), config_name)
+        auto_config.register(config_class.model_type, config_class, exist_ok=True)
     return True
 
 
 def register_models() -> None:
-    """Once: VLBertModel on AutoModel, VLBertForPreTraining on AutoModelForPreTraining."""
+    """Once: each family's encoder on AutoModel, its pre-training model on AutoModelForPreTraining."""
     global _models_registered
     if _models_registered:
         return
     _models_registered = True
+    import importlib
+
     from transformers import AutoModel, AutoModelForPreTraining
 
-    from .modeling.configuration_vlbert import VLBertConfig
-    from .modeling.modeling_vlbert import VLBertForPreTraining, VLBertModel
-
-    AutoModel.register(VLBertConfig, VLBertModel, exist_ok=True)
-    AutoModelForPreTraining.register(VLBertConfig, VLBertForPreTraining, exist_ok=True)
+    for family, (config_name, modeling, encoder, pretraining) in FAMILIES.items():
+        config_class = getattr(importlib.import_module(CONFIG_MODULE.format(family)), config_name)
+        module = importlib.import_module(f"vlbert.modeling.{modeling}")
+        AutoModel.register(config_class, getattr(module, encoder), exist_ok=True)
+        AutoModelForPreTraining.register(config_class, getattr(module, pretraining), exist_ok=True)
 
 
 class _RegisterWhenLoaded(MetaPathFinder):

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_arguments(p)
 
     p = _add_verb(verbs, "pretrain", runs.pretrain, "pre-train one setting of the ablation")
-    p.add_argument("--setting", required=True, choices=[s for s in SETTINGS if s != "no_pretrain"])
+    p.add_argument("--setting", required=True, choices=[s for s, spec in SETTINGS.items() if spec.pretrains])
     p.add_argument("--out", required=True, help="output folder (checkpoint/, best/, metrics.json)")
     _add_training_arguments(p)
 

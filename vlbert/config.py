@@ -13,7 +13,7 @@ import jsonschema
 import yaml
 
 from .layout import Layout
-from .registry import task
+from .registry import family_settings, task
 
 SCHEMA_FILE = "config.schema.yaml"
 
@@ -106,6 +106,12 @@ def synthetic_spec(config: dict) -> dict:
             f"preset {config['name']!r} uses real data (data.source: real); make-data writes only the synthetic world"
         )
     return {"seed": config["seed"], **config["data"]["synthetic"]}
+
+
+def study_settings(config: dict) -> tuple[str, ...]:
+    """The settings the study runs: those of the preset's `systems` (model families; VL-BERT's
+    Table 4 rows when absent)."""
+    return family_settings(config.get("systems", ["vlbert"]))
 
 
 def study_seeds(config: dict) -> list[int]:

@@ -1,9 +1,10 @@
-"""One canonical name per setting and task, and every fact about them.
+"""One canonical name per model family, setting and task, and every fact about them.
 
 These strings are the Snakemake wildcards, the CLI choices, the MLflow tags and the report's
 rows and columns; nothing else defines them. A task's entry also says which feature stores and
 data set splits it reads, its head, its preset section and its Table 4 column, so a new task is
-one entry here and its adapter in vlbert/tasks/.
+one entry here and its adapter in vlbert/tasks/. A model family's entry names its classes, so a
+new family is one entry here, its rows in SETTINGS, and its files in vlbert/modeling/.
 """
 
 from __future__ import annotations
@@ -13,30 +14,81 @@ from typing import NamedTuple
 
 
 @dataclass(frozen=True)
+class ModelFamily:
+    """A system of the seed papers: its vlbert.modeling classes and what its inputs need."""
+
+    name: str
+    title: str  # the report's name for it
+    pretraining_class: str
+    head_classes: dict[str, str]  # per task head (TaskSpec.head): its class
+    # Masked regions: their pixels zeroed and features recomputed by the Fast R-CNN module
+    # (VL-BERT), or their cached features zeroed (ViLBERT).
+    masks_region_pixels: bool = True
+    reads_pixels: bool = False  # its visual input is the image itself (Pixel-BERT), not regions
+
+
+def _family(name: str, title: str, prefix: str, **facts) -> ModelFamily:
+    heads = {head: f"{prefix}For{suffix}" for head, suffix in (("vqa", "VQA"), ("vcr", "VCR"), ("refcoco", "RefCOCO"))}
+    return ModelFamily(name, title, f"{prefix}ForPreTraining", heads, **facts)
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        _family("vlbert", "VL-BERT", "VLBert"),
+        _family("vilbert", "ViLBERT", "ViLBert", masks_region_pixels=False),
+        _family("pixelbert", "Pixel-BERT", "PixelBert", masks_region_pixels=False, reads_pixels=True),
+    )
+}
+
+
+@dataclass(frozen=True)
 class Setting:
     name: str
     mlm_visual: bool  # masked language modelling with visual clues
-    masked_roi: bool  # masked RoI classification with linguistic clues
-    sentence_image: bool  # sentence-image relationship prediction
+    masked_roi: bool  # masked RoI classification with linguistic clues (ViLBERT: masked regions, KL)
+    sentence_image: bool  # sentence-image relationship prediction (ViLBERT: alignment; Pixel-BERT: matching)
     text_corpus: bool  # text-only corpus mixed in 1:1 per batch
     tune_frcnn: bool  # the Fast R-CNN receives gradients
+    family: str = "vlbert"
+    pixel_sampling: bool = False  # Pixel-BERT's random pixel sampling in pre-training
 
     @property
     def pretrains(self) -> bool:
         return self.mlm_visual
 
+    @property
+    def model_family(self) -> ModelFamily:
+        return FAMILIES[self.family]
+
 
 SETTINGS = {
     s.name: s
     for s in (
+        # VL-BERT's Table 4 rows.
         Setting("no_pretrain", False, False, False, False, False),
         Setting("a", True, False, False, False, False),
         Setting("b", True, True, False, False, False),
         Setting("c", True, True, True, False, False),
         Setting("d", True, True, False, True, False),
         Setting("full", True, True, False, True, True),
+        # The other systems of the seed papers, each with its own pre-training objectives.
+        Setting("vilbert_no_pretrain", False, False, False, False, False, family="vilbert"),
+        Setting("vilbert", True, True, True, False, False, family="vilbert"),
+        Setting("pixelbert_no_pretrain", False, False, False, False, False, family="pixelbert"),
+        Setting("pixelbert_no_sampling", True, False, True, False, False, family="pixelbert"),
+        Setting("pixelbert", True, False, True, False, False, family="pixelbert", pixel_sampling=True),
     )
 }
+TABLE4_SETTINGS = tuple(name for name, s in SETTINGS.items() if s.family == "vlbert")
+
+
+def family_settings(families) -> tuple[str, ...]:
+    """The settings of these model families, in SETTINGS' order."""
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown model families {', '.join(unknown)}; expected some of {', '.join(FAMILIES)}")
+    return tuple(name for name, s in SETTINGS.items() if s.family in families)
 
 
 class Store(NamedTuple):
@@ -58,7 +110,7 @@ class TaskSpec:
 
     name: str
     adapter: str  # "module:Class" of its task adapter, imported when the task is built
-    model_class: str  # the vlbert.modeling class of its head
+    head: str  # its head in every model family (ModelFamily.head_classes)
     options_key: str  # the preset's finetune.<key> section: optimiser, epochs, batch size; sweep.lrs' key
     stores: dict[str, Store]  # per split (train, val, test): the store its regions come from
     splits: dict[str, tuple[str, ...]]  # per split: the data set's own splits it reads
@@ -81,7 +133,7 @@ def _vcr(name: str, title: str) -> TaskSpec:
     return TaskSpec(
         name,
         adapter="vlbert.tasks.vcr:VCRTask",
-        model_class="VLBertForVCR",
+        head="vcr",
         options_key="vcr",
         stores={s: Store("vcr", s, "gt") for s in ("train", "val", "test")},
         splits={s: (s,) for s in ("train", "val", "test")},
@@ -96,7 +148,7 @@ def _refcoco(name: str, boxes: str, title: str, table4: bool) -> TaskSpec:
     return TaskSpec(
         name,
         adapter="vlbert.tasks.refcoco:RefCOCOTask",
-        model_class="VLBertForRefCOCO",
+        head="refcoco",
         options_key="refcoco",
         stores={s: Store("refcoco+", "all", boxes) for s in ("train", "val", "test")},
         splits={"train": ("train",), "val": ("val",), "test": ("testA", "testB")},
@@ -118,7 +170,7 @@ TASKS = {
         TaskSpec(
             "vqa",
             adapter="vlbert.tasks.vqa:VQATask",
-            model_class="VLBertForVQA",
+            head="vqa",
             options_key="vqa",
             stores={s: Store("vqa", name, "det") for s, name in _VQA_SPLITS.items()},
             splits={s: (name,) for s, name in _VQA_SPLITS.items()},
@@ -162,6 +214,12 @@ def task(name: str) -> TaskSpec:
         return TASKS[name]
     except KeyError:
         raise ValueError(f"unknown task {name!r}; expected one of {', '.join(TASKS)}") from None
+
+
+def model_class_name(setting_name: str, task_name: str | None = None) -> str:
+    """The vlbert.modeling class a setting trains: its family's pre-training model, or its head for a task."""
+    family = setting(setting_name).model_family
+    return family.pretraining_class if task_name is None else family.head_classes[task(task_name).head]
 
 
 def setting(name: str) -> Setting:

@@ -35,6 +35,9 @@ RESUMED_TAG = "vlbert.resumed_at_step"  # the step a resumed training went on fr
 LOSS_METRIC = "loss"
 EPOCH_METRIC = "epoch"
 BEST_EPOCH_METRIC = "best_epoch"
+# A fine-tuned model's size: all its parameters, and those fine-tuning trains.
+PARAMETERS_METRIC = "parameters"
+TRAINABLE_PARAMETERS_METRIC = "trainable_parameters"
 VAL_PREFIX = "val_"
 
 

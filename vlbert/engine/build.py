@@ -23,14 +23,17 @@ def load_processor(bert: str | Path | None, max_text_length: int) -> VLBertProce
     return VLBertProcessor.from_pretrained(bert, max_text_length)
 
 
-def vlbert_config(preset: dict, bert: str | Path, detector_dir, **overrides) -> VLBertConfig:
+def model_config(config_class, preset: dict, bert: str | Path, detector_dir, **overrides) -> VLBertConfig:
+    """A model family's config (VLBertConfig or a subclass): text sizes from the BERT checkpoint,
+    visual sizes from the detector, the family's own fields from the preset's `model.<family>`."""
     from transformers import BertConfig
 
     bert_config = BertConfig.from_pretrained(str(bert))
     detector = json.loads((Path(detector_dir) / DETECTOR_CONFIG).read_text())
     # The [IMG] and [END] ids are the checkpoint's tokenizer's (a trained vocabulary puts them elsewhere).
     vocab = load_processor(bert, 8).tokenizer.get_vocab()
-    return VLBertConfig(
+    family_fields = preset.get("model", {}).get(config_class.model_type, {})
+    return config_class(
         img_token_id=vocab[IMG_TOKEN],
         end_token_id=vocab[END_TOKEN],
         **{
@@ -41,7 +44,7 @@ def vlbert_config(preset: dict, bert: str | Path, detector_dir, **overrides) -> 
         visual_feature_dim=detector["widths"][3],
         num_visual_classes=len(detector["class_names"]) + 1,
         frcnn=detector,
-        **overrides,
+        **{**family_fields, **overrides},
     )
 
 
@@ -49,9 +52,9 @@ def build_model(cls, preset: dict, bert, detector_dir, appearance_mean=None, **o
     """A new VL-BERT head model: text weights from `bert`, Fast R-CNN from the detector, and the
     appearance features centred on `appearance_mean` (that of its training images, from
     `data.feature_mean`; None: not centred). Returns (model, load report)."""
-    model = cls(vlbert_config(preset, bert, detector_dir, **overrides))
+    model = cls(model_config(cls.config_class, preset, bert, detector_dir, **overrides))
     report = model.load_bert(bert)
-    model.vlbert.fast_rcnn.load_detector_weights(detector_dir)
+    model.load_detector(detector_dir)
     if appearance_mean is not None:
-        model.vlbert.visual_embeddings.appearance_mean.copy_(appearance_mean)
+        model.center_appearance(appearance_mean)
     return model, report

@@ -16,7 +16,7 @@ import torch
 from .. import io, tasks
 from ..config import finetune_epochs, finetune_options
 from ..tasks.regions import feature_mean
-from ..tracking import BEST_EPOCH_METRIC, final_metric
+from ..tracking import BEST_EPOCH_METRIC, PARAMETERS_METRIC, TRAINABLE_PARAMETERS_METRIC, final_metric
 from .build import build_model
 from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
@@ -63,7 +63,7 @@ def finetune(
         raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")
     # A Fast R-CNN tuned in pre-training no longer matches the detector's features: such a setting
     # reads the stores its frozen copy made (`vlbert tune-features`), every other one the detector's.
-    task = tasks.build(task_name, context.processor, inputs.data_root, inputs.features_dir)
+    task = tasks.build(task_name, context.processor, inputs.data_root, inputs.features_dir, setting.family)
     check_store_features(setting, task.store_paths(), pretrained)
     train, val = task.examples("train"), task.examples("val")
     if setting.pretrains:
@@ -167,6 +167,8 @@ def finetune(
     tracker.log_metrics(
         {
             BEST_EPOCH_METRIC: metrics["best_epoch"],
+            PARAMETERS_METRIC: sum(p.numel() for p in best.parameters()),
+            TRAINABLE_PARAMETERS_METRIC: sum(p.numel() for p in model.parameters() if p.requires_grad),
             **{final_metric("val", k): v for k, v in metrics["val"].items()},
             **{final_metric("test", k): v for k, v in test.items()},
         },

@@ -14,13 +14,13 @@ The probe also measures where the masked words look: the attention probability m
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from ..data.synthetic.language import plural
 from ..data.synthetic.world import COLOURS, SHAPES, SIZES
-from ..modeling.modeling_vlbert import IGNORE_INDEX
+from ..modeling.modeling_vlbert import IGNORE_INDEX, VLBertModel
 from .device import move_to
 from .pretrain import other_image_order
 
@@ -135,7 +135,11 @@ def grounding_probe(
     model.eval()
     device = next(model.parameters()).device
     metrics, shares, uniform = {}, [], []
-    with recorded_attentions(model.vlbert.bert) as attentions:
+    # The attention share is VL-BERT's: its words and [IMG] elements share one attention. A
+    # two-stream model's words reach the regions through co-attention, Pixel-BERT's through pixels.
+    single_stream = isinstance(model.base_model, VLBertModel)
+    recording = recorded_attentions(model.base_model.bert) if single_stream else nullcontext([])
+    with recording as attentions:
         for kind, words in WORD_KINDS.items():
             candidates = torch.tensor(sorted(set(kind_vocabulary(processor.tokenizer, words).values())), device=device)
             if not len(candidates):
@@ -155,6 +159,7 @@ def grounding_probe(
                     right[image] += int((candidates[out.mlm_logits[:, candidates].argmax(-1)] == targets).sum())
                     if image == "own":
                         count += len(targets)
+                    if image == "own" and single_stream:
                         share, base = img_attention_share(attentions, batch, processor.img_token_id)
                         shares.append(share.cpu())
                         uniform.append(base.cpu())

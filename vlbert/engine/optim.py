@@ -11,17 +11,19 @@ from torch import nn
 
 NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight", "mask_embedding", "text_only_embedding", "text_scale")
 FAST_RCNN = "fast_rcnn."  # the Fast R-CNN module's parameters: `frcnn_lr_factor` x the rate
+PIXEL_CNN = "pixelbert.cnn."  # Pixel-BERT's CNN, trained end to end: `cnn_lr_factor` x the rate
 
 
 def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) -> torch.optim.Optimizer:
     lr = lr if lr is not None else options["lr"]
     # A pre-trained detector under a transformer's rate: usually a smaller rate (frcnn_lr_factor).
     frcnn_factor = float(options.get("frcnn_lr_factor", 1.0))
+    cnn_factor = float(options.get("cnn_lr_factor", 1.0))
     groups = {}
     for name, param in model.named_parameters():
         if param.requires_grad:
             decays = not (name.endswith(NO_DECAY) or param.ndim == 1)
-            factor = frcnn_factor if FAST_RCNN in name else 1.0
+            factor = frcnn_factor if FAST_RCNN in name else cnn_factor if name.startswith(PIXEL_CNN) else 1.0
             groups.setdefault((decays, factor), []).append(param)
     groups = [
         {"params": params, "weight_decay": options.get("weight_decay", 1e-4) if decays else 0.0, "lr": lr * factor}

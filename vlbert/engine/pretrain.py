@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..modeling import VLBertForPreTraining
+from .. import modeling
 from ..registry import PRETRAINING_STORES
 from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator
 from ..tasks.regions import feature_mean, features_path, open_store
@@ -128,12 +128,15 @@ def pretrain(context: TrainingContext, setting, out, max_steps: int | None = Non
     captions = CaptionDataset(
         data_root / "conceptual_captions", train_store.split, open_store(features_dir, train_store), max_rois
     )
+    # Pixel-BERT without pixel sampling keeps every pixel token (the preset's pixel_samples: with it).
+    sampling = {"pixel_samples": 0} if setting.family == "pixelbert" and not setting.pixel_sampling else {}
     model, report = build_model(
-        VLBertForPreTraining,
+        getattr(modeling, setting.model_family.pretraining_class),
         preset,
         bert,
         detector_dir,
         tune_frcnn=setting.tune_frcnn,
+        **sampling,
         appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))),
     )
     model.to(device)

@@ -1,4 +1,6 @@
-"""VL-BERT: configuration, Fast R-CNN module, the single-stream model and its heads, the processor.
+"""The model families: VL-BERT (configuration, Fast R-CNN module, the single-stream model and its
+heads, the processor), ViLBERT (two streams) and Pixel-BERT (pixels into one stream), each in its
+configuration_* and modeling_* files.
 
 No MLflow, Ray or training-loop code lives here. The names load on first use, so that the
 configuration (vlbert/auto.py registers it) comes without torch's model code.
@@ -18,6 +20,18 @@ _MODULES = {
     "VLBertForVQA": "modeling_vlbert",
     "VLBertModel": "modeling_vlbert",
     "VLBertProcessor": "processing_vlbert",
+    "ViLBertConfig": "configuration_vilbert",
+    "ViLBertForPreTraining": "modeling_vilbert",
+    "ViLBertForRefCOCO": "modeling_vilbert",
+    "ViLBertForVCR": "modeling_vilbert",
+    "ViLBertForVQA": "modeling_vilbert",
+    "ViLBertModel": "modeling_vilbert",
+    "PixelBertConfig": "configuration_pixelbert",
+    "PixelBertForPreTraining": "modeling_pixelbert",
+    "PixelBertForRefCOCO": "modeling_pixelbert",
+    "PixelBertForVCR": "modeling_pixelbert",
+    "PixelBertForVQA": "modeling_pixelbert",
+    "PixelBertModel": "modeling_pixelbert",
 }
 
 
@@ -34,16 +48,14 @@ def __dir__():
 
 
 def register_auto_classes() -> None:
-    """AutoConfig for model_type "vlbert", AutoModel (the encoder) and AutoModelForPreTraining.
-    The task heads have no Auto class whose inputs they take."""
-    from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
+    """AutoConfig for every family's model_type, AutoModel (the encoder) and
+    AutoModelForPreTraining. The task heads have no Auto class whose inputs they take."""
+    from transformers import AutoConfig
 
-    from .configuration_vlbert import VLBertConfig
-    from .modeling_vlbert import VLBertForPreTraining, VLBertModel
+    from ..auto import register_config, register_models
 
-    AutoConfig.register(VLBertConfig.model_type, VLBertConfig, exist_ok=True)
-    AutoModel.register(VLBertConfig, VLBertModel, exist_ok=True)
-    AutoModelForPreTraining.register(VLBertConfig, VLBertForPreTraining, exist_ok=True)
+    register_config(AutoConfig)
+    register_models()
 
 
 __all__ = [*_MODULES, "register_auto_classes"]

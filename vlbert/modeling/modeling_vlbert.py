@@ -337,6 +337,17 @@ class VLBertPreTrainedModel(PreTrainedModel):
             new.append(f"{prefix}bert.embeddings.token_type_embeddings.weight[segment C]")
         return {"loaded": sorted(text_names), "new": new, "ignored": list(unexpected)}
 
+    # ---- what the study's builder calls on a new model (every model family has them) ---------
+
+    def load_detector(self, detector_dir) -> None:
+        """The Fast R-CNN module's backbone and C5 head from the trained detector."""
+        if self.base_model.fast_rcnn is not None:
+            self.base_model.fast_rcnn.load_detector_weights(detector_dir)
+
+    def center_appearance(self, mean: torch.Tensor) -> None:
+        """Centre the regions' appearance features on `mean` (that of the training images)."""
+        self.base_model.visual_embeddings.appearance_mean.copy_(mean)
+
     def roi_hidden(self, hidden: torch.Tensor, roi_positions: torch.Tensor) -> torch.Tensor:
         """[B, R, H]: the hidden state of each RoI's [IMG] element (zeros where there is none)."""
         index = roi_positions.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
@@ -466,6 +477,27 @@ def masked_roi_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
+def relation_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
+    """Binary cross-entropy of the sentence-image relation (1: the caption is the image's, 0:
+    another image's) over the examples that have one (label >= 0); None without any."""
+    if labels is None or not bool((labels >= 0).any()):
+        return None
+    keep = labels >= 0
+    return F.binary_cross_entropy_with_logits(logits[keep], labels[keep].float())
+
+
+def vqa_loss(logits: torch.Tensor, answer_scores: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy on the soft VQA scores, summed over answers as VL-BERT does: the mean
+    would shrink with the vocabulary."""
+    return F.binary_cross_entropy_with_logits(logits, answer_scores) * answer_scores.shape[1]
+
+
+def referring_loss(logits: torch.Tensor, roi_targets: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy per candidate region (targets 1 / 0; -1: not a candidate)."""
+    keep = roi_targets >= 0
+    return F.binary_cross_entropy_with_logits(logits[keep], roi_targets[keep].float())
+
+
 @dataclass
 class VLBertPreTrainingOutput:
     loss: torch.Tensor | None
@@ -533,11 +565,9 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
         roi_loss = masked_roi_loss(roi_logits, roi_labels) if roi_positions is not None else None
         if roi_loss is not None:
             losses["masked_roi"] = roi_loss
-        if relation_labels is not None and bool((relation_labels >= 0).any()):
-            keep = relation_labels >= 0
-            losses["relation"] = F.binary_cross_entropy_with_logits(
-                relation_logits[keep], relation_labels[keep].float()
-            )
+        relation = relation_loss(relation_logits, relation_labels)
+        if relation is not None:
+            losses["relation"] = relation
         loss = sum(losses.values()) if losses else None
         return VLBertPreTrainingOutput(loss, losses, mlm_logits, roi_logits, relation_logits)
 
@@ -587,8 +617,7 @@ class VLBertForVQA(VLBertPreTrainedModel):
         logits = self.classifier(hidden[torch.arange(len(hidden)), answer_positions])
         losses = {}
         if answer_scores is not None:
-            # Summed over answers, as VL-BERT does: the mean would shrink with the vocabulary.
-            losses["vqa"] = F.binary_cross_entropy_with_logits(logits, answer_scores) * answer_scores.shape[1]
+            losses["vqa"] = vqa_loss(logits, answer_scores)
         return VLBertTaskOutput(losses.get("vqa"), logits, losses)
 
 
@@ -658,6 +687,5 @@ class VLBertForRefCOCO(VLBertPreTrainedModel):
         logits = logits.masked_fill(roi_positions < 0, -math.inf)
         losses = {}
         if roi_targets is not None:
-            keep = roi_targets >= 0
-            losses["ref"] = F.binary_cross_entropy_with_logits(logits[keep], roi_targets[keep].float())
+            losses["ref"] = referring_loss(logits, roi_targets)
         return VLBertTaskOutput(losses.get("ref"), logits, losses)

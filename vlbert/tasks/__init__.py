@@ -14,7 +14,8 @@ from ..registry import task
 from .base import Task
 
 
-def build(name: str, processor, data_root, features_dir) -> Task:
-    """The adapter of task `name`, as its registry entry names it ("module:Class")."""
+def build(name: str, processor, data_root, features_dir, family: str = "vlbert") -> Task:
+    """The adapter of task `name`, as its registry entry names it ("module:Class"), for a model
+    of `family` (its head class, and whether its batches carry the images)."""
     module, _, cls = task(name).adapter.partition(":")
-    return getattr(importlib.import_module(module), cls)(name, processor, Path(data_root), Path(features_dir))
+    return getattr(importlib.import_module(module), cls)(name, processor, Path(data_root), Path(features_dir), family)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import modeling
 from ..modeling.processing_vlbert import VLBertProcessor
-from ..registry import TaskSpec, task
+from ..registry import FAMILIES, TaskSpec, task
 from .regions import Regions, features_path, visual_batch
 
 
@@ -24,6 +24,7 @@ class Task:
     processor: VLBertProcessor
     data_root: Path
     features_dir: Path
+    family: str = "vlbert"  # the model family whose head it feeds (vlbert.registry.FAMILIES)
 
     def __post_init__(self):
         """Subclasses read what every split shares (answer vocabulary, RefCOCO+ refs) here."""
@@ -34,7 +35,7 @@ class Task:
 
     @property
     def model_class(self):
-        return getattr(modeling, self.spec.model_class)
+        return getattr(modeling, FAMILIES[self.family].head_classes[self.spec.head])
 
     def examples(self, split: str) -> list[dict]:
         raise NotImplementedError
@@ -57,4 +58,5 @@ class Task:
 
     def _visual(self, regions: list[Regions]):
         # Fast R-CNN stays frozen in fine-tuning: the stores hold its features (check_store_features).
-        return visual_batch(regions, with_images=False, cached=True)
+        # A family that reads pixels (Pixel-BERT) gets the images as well.
+        return visual_batch(regions, with_images=FAMILIES[self.family].reads_pixels, cached=True)

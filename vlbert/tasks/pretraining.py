@@ -17,6 +17,9 @@ from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
 from .regions import regions_of, visual_batch
 
 MASK_PROBABILITY = 0.15
+# ViLBERT's masked regions: a region overlapping a masked one this much (IoU) is zeroed as well, as
+# the released multi-task code does, else it would carry the masked region's content.
+OVERLAP_ZEROED = 0.4
 
 
 def mask_tokens(
@@ -116,16 +119,38 @@ class PretrainCollator:
             for k, r in enumerate(regions):
                 targets[k, : len(r.probs)] = torch.from_numpy(r.probs)
             batch["roi_labels"] = targets * masked_rois.unsqueeze(-1)
-        # Masked RoIs need their pixels zeroed, so features are recomputed from the images.
+        family = self.setting.model_family
+        zeroed = masked_rois
+        if masked_rois is not None and not family.masks_region_pixels:
+            zeroed = masked_rois | overlapping(regions, masked_rois, batch["roi_positions"] >= 0)
+        # Masked RoIs need their pixels zeroed, so VL-BERT recomputes their features from the
+        # images; ViLBERT zeroes their features (and those of the regions overlapping them);
+        # Pixel-BERT reads every image.
         batch["visual"] = visual_batch(
             regions,
-            with_images=masked_rois is not None or self.setting.tune_frcnn,
-            masked=masked_rois,
+            with_images=(masked_rois is not None and family.masks_region_pixels)
+            or self.setting.tune_frcnn
+            or family.reads_pixels,
+            masked=zeroed,
             cached=not self.setting.tune_frcnn,
         )
         if relation is not None:
             batch["relation_labels"] = relation
         return batch
+
+
+def overlapping(regions: list, masked: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """[B, R] the candidate rows whose box overlaps a masked row's by IoU > OVERLAP_ZEROED."""
+    from torchvision.ops import box_iou
+
+    out = torch.zeros_like(masked)
+    for k, r in enumerate(regions):
+        rows = len(r.boxes)
+        if bool(masked[k, :rows].any()):
+            boxes = torch.from_numpy(r.boxes).float()
+            iou = box_iou(boxes, boxes[masked[k, :rows]])
+            out[k, :rows] = (iou > OVERLAP_ZEROED).any(1) & candidates[k, :rows]
+    return out
 
 
 class TextOnlyCollator:

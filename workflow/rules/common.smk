@@ -3,7 +3,7 @@ import os
 
 from snakemake.utils import validate
 
-from vlbert.config import study_seeds
+from vlbert.config import study_seeds, study_settings
 from vlbert.layout import Layout
 from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TASKS
 
@@ -38,6 +38,8 @@ def preset_file():
 SWEEP_THREADS = min(workflow.cores, config.get("sweep", {}).get("cpus_per_trial", 1)
                     * config.get("sweep", {}).get("concurrent_trials", 1))
 SEEDS = study_seeds(config)
+# The settings of the preset's model families (`systems`): Table 4's rows, and the other systems'.
+STUDY_SETTINGS = study_settings(config)
 # Every rule runs in the one environment of the package (`--use-conda` builds it; `make` builds .venv).
 CONDA_ENV = "../envs/vlbert.yaml"
 # Jobs that train ask for a GPU when the preset trains on one (the SLURM profile maps it).
@@ -72,7 +74,7 @@ def bert_param(wildcards, input):
 
 
 def pretrained_input(wildcards):
-    if wildcards.setting == "no_pretrain":
+    if not SETTINGS[wildcards.setting].pretrains:
         return []
     return [f"{LAYOUT.pretrained(wildcards.setting)}/model.safetensors"]
 
@@ -103,7 +105,7 @@ def extract_priority(wildcards):
 
 def finetune_outputs():
     return expand(f"{LAYOUT.finetune_run('{setting}', '{task}', '{seed}')}/metrics.json",
-                  setting=list(SETTINGS), task=list(TASKS), seed=SEEDS)
+                  setting=STUDY_SETTINGS, task=list(TASKS), seed=SEEDS)
 
 
 

@@ -1,0 +1,334 @@
+"""Pixel-BERT's model: every head on VL-BERT's batches, end to end through the detector's trunk."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vlbert.data.images import load_image
+from vlbert.detection.model import CONFIG_FILE, WEIGHTS_FILE
+from vlbert.detection.sources import image_items
+from vlbert.modeling import (
+    PixelBertConfig,
+    PixelBertForPreTraining,
+    PixelBertForRefCOCO,
+    PixelBertForVCR,
+    PixelBertForVQA,
+    PixelBertModel,
+    VLBertProcessor,
+)
+from vlbert.modeling.modeling_vlbert import VisualInputs
+from vlbert.modeling.processing_vlbert import pad_batch
+
+HEADS = (PixelBertForPreTraining, PixelBertForVQA, PixelBertForVCR, PixelBertForRefCOCO)
+TASK_HEADS = HEADS[1:]
+# Three regions besides the whole image, in the 96-px images' pixels.
+BOXES = [[8.0, 8.0, 40.0, 40.0], [50.0, 20.0, 90.0, 60.0], [30.0, 50.0, 70.0, 90.0]]
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return VLBertProcessor.from_pretrained()
+
+
+@pytest.fixture(scope="module")
+def images(smoke_world):
+    return [load_image(i.path) for i in image_items(smoke_world / "vqa", "vqa", "val2014")[:2]]
+
+
+def make_config(smoke_detector, **overrides):
+    frcnn = json.loads((smoke_detector / CONFIG_FILE).read_text())
+    base = dict(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_answers=5,
+        frcnn=frcnn,
+    )
+    return PixelBertConfig(**{**base, **overrides})
+
+
+def build(cls, smoke_detector, **overrides):
+    torch.manual_seed(0)
+    model = cls(make_config(smoke_detector, **overrides))
+    model.load_detector(smoke_detector)
+    return model.eval()
+
+
+def visual_inputs(images, boxes=BOXES):
+    """Row 0 the whole image, then `boxes`, as VL-BERT's batches carry them."""
+    rows = [[[0.0, 0.0, i.shape[2], i.shape[1]], *boxes] for i in images]
+    return VisualInputs(
+        boxes=torch.tensor(rows),
+        image_sizes=torch.tensor([[i.shape[2], i.shape[1]] for i in images]),
+        roi_mask=torch.ones(len(images), len(boxes) + 1, dtype=torch.bool),
+        images=images,
+    )
+
+
+def head_batch(cls, processor, images, num_rois=3):
+    """A batch of `cls`'s task with its labels, in VL-BERT's layout: its [IMG] elements, one per
+    row of visual.boxes (the whole image and BOXES' three)."""
+    if cls is PixelBertForVCR:  # one question, four candidates
+        encodings = [
+            processor.encode("how does the circle feel ?", f"it feels {t} .", num_rois=num_rois)
+            for t in ("hot", "warm", "cool", "cold")
+        ]
+        return {**pad_batch(encodings), "visual": visual_inputs(images[:1] * 4), "labels": torch.tensor([2])}
+    if cls is PixelBertForVQA:
+        batch = pad_batch([processor.encode("what color is the circle ?", "[MASK]", num_rois=num_rois)] * 2)
+        answer_positions = (batch["input_ids"] == processor.mask_id).int().argmax(1)
+        return {
+            **batch,
+            "visual": visual_inputs(images),
+            "answer_positions": answer_positions,
+            "answer_scores": torch.rand(2, 5),
+        }
+    texts = ["a red circle next to a [MASK] square", "the large [MASK] circle"]
+    batch = pad_batch([processor.encode(t, num_rois=num_rois) for t in texts])
+    batch["visual"] = visual_inputs(images)
+    if cls is PixelBertForRefCOCO:
+        targets = torch.full(batch["roi_positions"].shape, -1)
+        targets[:, 1:] = torch.tensor([1, 0, 0])
+        return {**batch, "roi_targets": targets}
+    mlm_labels = torch.where(batch["input_ids"] == processor.mask_id, 2417, -100)
+    return {**batch, "mlm_labels": mlm_labels, "relation_labels": torch.tensor([1.0, 0.0])}
+
+
+def outputs(out):
+    return [out.mlm_logits, out.relation_logits] if hasattr(out, "mlm_logits") else [out.logits]
+
+
+@pytest.mark.parametrize("cls", HEADS, ids=lambda c: c.__name__)
+def test_every_head_trains_end_to_end_into_the_cnn(cls, smoke_detector, images, processor):
+    model = build(cls, smoke_detector).train()
+    out = model(**head_batch(cls, processor, images))
+    expected = {
+        PixelBertForPreTraining: {"mlm", "relation"},
+        PixelBertForVQA: {"vqa"},
+        PixelBertForVCR: {"choice"},
+        PixelBertForRefCOCO: {"ref"},
+    }[cls]
+    assert set(out.losses) == expected and torch.isfinite(out.loss)
+    out.loss.backward()
+    cnn = model.pixelbert.cnn
+    batchnorm = {id(p) for m in cnn.modules() if isinstance(m, torch.nn.BatchNorm2d) for p in m.parameters()}
+    assert not any(m.training for m in cnn.modules() if isinstance(m, torch.nn.BatchNorm2d))  # running statistics
+    for name, param in cnn.named_parameters():
+        if id(param) in batchnorm:  # frozen, as in the Fast R-CNN module
+            assert not param.requires_grad and param.grad is None, name
+        else:
+            assert param.grad is not None and bool(param.grad.abs().sum() > 0), name
+    reached = [model.pixelbert.pixel_embeddings.conv.weight, model.pixelbert.pixel_embeddings.visual_embedding]
+    reached += [layer.attention.self.query.weight for layer in model.pixelbert.bert.encoder.layer]
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in reached)
+    if cls is PixelBertForRefCOCO:
+        assert out.logits.shape == (2, 4) and torch.isinf(out.logits[:, 0]).all()
+    elif cls is PixelBertForVCR:
+        assert out.logits.shape == (1, 4)
+    elif cls is PixelBertForPreTraining:
+        assert out.mlm_logits.shape == (2, 30522) and out.roi_logits.numel() == 0  # the two [MASK]s
+
+
+@pytest.mark.parametrize("cls", HEADS, ids=lambda c: c.__name__)
+def test_save_and_load_give_the_same_outputs(cls, smoke_detector, images, processor, tmp_path):
+    model = build(cls, smoke_detector)
+    batch = head_batch(cls, processor, images)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "pixelbert" and config["architectures"] == [cls.__name__]
+    loaded = cls.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        for a, b in zip(outputs(model(**batch)), outputs(loaded(**batch))):
+            assert torch.equal(a, b)
+    assert {n: p.requires_grad for n, p in loaded.named_parameters()} == {
+        n: p.requires_grad for n, p in model.named_parameters()
+    }  # BatchNorm frozen again after loading
+    if cls is PixelBertForPreTraining:
+        assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight
+
+
+def test_a_pretraining_checkpoint_starts_every_task_head_and_loads_through_the_auto_classes(smoke_detector, tmp_path):
+    from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
+
+    import vlbert  # noqa: F401  (registers the Auto classes)
+
+    pretraining = build(PixelBertForPreTraining, smoke_detector)
+    with torch.no_grad():  # so that "loaded" cannot be "built the same way"
+        for param in pretraining.pixelbert.parameters():
+            param.add_(0.01)
+    pretraining.save_pretrained(tmp_path)
+    encoder = {k: v for k, v in pretraining.state_dict().items() if k.startswith("pixelbert.")}
+    for cls in TASK_HEADS:
+        torch.manual_seed(3)
+        new = cls(make_config(smoke_detector)).classifier.state_dict()
+        torch.manual_seed(3)
+        model = cls.from_pretrained(tmp_path, num_answers=5)
+        state = model.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in encoder.items()), cls.__name__
+        assert all(torch.equal(a, b) for a, b in zip(model.classifier.state_dict().values(), new.values()))
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), PixelBertConfig)
+    assert type(AutoModel.from_pretrained(tmp_path)) is PixelBertModel
+    assert type(AutoModelForPreTraining.from_pretrained(tmp_path)) is PixelBertForPreTraining
+
+
+def test_the_cnn_starts_as_the_detector_trunk(smoke_detector):
+    model = build(PixelBertForVQA, smoke_detector)
+    detector = load_file(str(smoke_detector / WEIGHTS_FILE))
+    cnn = model.pixelbert.cnn.state_dict()
+    expected = {k: v for k, v in detector.items() if k.startswith("backbone.")}
+    expected |= {k.removeprefix("roi_heads.box_head."): v for k, v in detector.items() if "box_head.layer4." in k}
+    assert set(cnn) == set(expected)  # BatchNorm's running statistics too
+    assert all(torch.equal(cnn[k], v) for k, v in expected.items())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.center_appearance(torch.ones(7))  # no region features: nothing to centre
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_pixel_sampling_only_in_pretraining_steps(smoke_detector, images, processor):
+    seen = []
+
+    def record(module, args, kwargs, out):
+        seen.append(out.pixels)
+
+    for cls in HEADS:
+        model = build(cls, smoke_detector, pixel_samples=12)
+        model.pixelbert.register_forward_hook(record, with_kwargs=True)
+        batch = head_batch(cls, processor, images)
+        seen.clear()
+        model.train()
+        model(**batch)
+        model(**batch)
+        if cls is PixelBertForPreTraining:
+            first, second = seen
+            assert first.mask.shape == (2, 12) and first.mask.all()
+            assert all(len(set(row.tolist())) == 12 for row in first.cells)
+            assert not torch.equal(first.cells, second.cells)  # a fresh draw each step
+        else:
+            assert all(p.cells is None and p.mask.shape[1] == 36 for p in seen), cls.__name__
+        seen.clear()
+        model.eval()
+        with torch.no_grad():
+            once, twice = outputs(model(**batch)), outputs(model(**batch))
+        assert all(p.cells is None and p.mask.shape[1] == 36 for p in seen), cls.__name__
+        assert all(torch.equal(a, b) for a, b in zip(once, twice)), cls.__name__
+    # The sampled tokens are the draw's cells of the whole map.
+    encoder = build(PixelBertModel, smoke_detector)
+    with torch.no_grad():
+        whole, sampled = encoder.pixel_tokens(images), encoder.pixel_tokens(images, sample_pixels=12)
+    index = sampled.cells.unsqueeze(-1).expand(-1, -1, whole.tokens.shape[-1])
+    assert torch.equal(sampled.tokens, whole.tokens.gather(1, index))
+
+
+def test_the_region_layout_is_dropped_and_the_pixels_follow_the_words(smoke_detector, images, processor):
+    # VL-BERT's [IMG] x (R + 1) [END] elements are not Pixel-BERT's input: any number gives the same model.
+    model = build(PixelBertForPreTraining, smoke_detector)
+    few, many = (head_batch(PixelBertForPreTraining, processor, images, num_rois=n) for n in (1, 6))
+    assert few["input_ids"].shape[1] < many["input_ids"].shape[1]
+    with torch.no_grad():
+        a, b = model(**few), model(**many)
+        keys = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "visual")
+        encoded = model.pixelbert(**{k: few[k] for k in keys})
+    assert torch.allclose(a.mlm_logits, b.mlm_logits, atol=1e-5)
+    assert torch.allclose(a.relation_logits, b.relation_logits, atol=1e-5)
+    words = (few["input_ids"] != processor.img_token_id) & (few["input_ids"] != processor.end_token_id)
+    assert encoded.text_mask.sum(1).tolist() == (words & few["attention_mask"].bool()).sum(1).tolist()
+    assert encoded.last_hidden_state.shape[1] == encoded.text_index.shape[1] + 36  # 6 x 6 pixel tokens
+    assert encoded.pixel_map().shape == (2, 32, 6, 6)
+
+
+def test_boxes_land_on_the_map_through_the_resize(smoke_detector, images):
+    # A 48 x 72 image is resized to 64 x 96 and padded to 96 x 96 in the batch: a 4 x 6 map of
+    # its own in the 6 x 6 one, whose other cells are masked.
+    model = build(PixelBertModel, smoke_detector)
+    small = torch.nn.functional.interpolate(images[1][None], size=(48, 72), mode="bilinear")[0]
+    with torch.no_grad():
+        pixels = model.pixel_tokens([images[0], small])
+    assert pixels.map_size == (6, 6)
+    assert pixels.mask.sum(1).tolist() == [36, 24]
+    assert pixels.mask[1].view(6, 6)[:4].all() and not pixels.mask[1].view(6, 6)[4:].any()
+    whole = torch.tensor([[96.0, 96.0], [72.0, 48.0]])
+    assert torch.allclose(whole * pixels.box_scale, torch.tensor([[6.0, 6.0], [6.0, 4.0]]))
+
+
+def test_the_max_pool_applies_where_the_map_is_large_enough(smoke_detector, images):
+    def embeddings(**overrides):
+        return PixelBertModel(make_config(smoke_detector, **overrides)).pixel_embeddings
+
+    assert isinstance(embeddings().pool, torch.nn.Identity) and embeddings().stride == 16  # 96 px: 6 cells
+    assert embeddings(image_min_size=256).stride == 32  # 16 cells: pooled
+    model = build(PixelBertModel, smoke_detector, pixel_pool=True)
+    with torch.no_grad():
+        pixels = model.pixel_tokens(images)
+    assert pixels.map_size == (3, 3) and pixels.mask.all()
+
+
+def test_a_resnet50_cnn_takes_torchvision_weights():
+    from torchvision.models import resnet50
+
+    config = PixelBertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        cnn="resnet50",
+        image_min_size=64,
+        image_max_size=64,
+    )
+    model = PixelBertModel(config).eval()
+    reference = resnet50().state_dict()
+    model.cnn.load_resnet_state(reference)
+    cnn = model.cnn.state_dict()
+    assert cnn["backbone.stem.0.weight"] is not reference["conv1.weight"]
+    assert torch.equal(cnn["backbone.stem.0.weight"], reference["conv1.weight"])
+    assert torch.equal(cnn["layer4.2.conv3.weight"], reference["layer4.2.conv3.weight"])
+    assert len(cnn) == len(reference) - 2  # all but fc
+    with torch.no_grad():
+        pixels = model.pixel_tokens([torch.rand(3, 64, 64)])
+    assert pixels.map_size == (2, 2) and model.cnn.out_channels == 2048
+
+
+def test_loading_bert_reports_only_the_cnn_pixel_and_head_parameters_as_new(smoke_detector):
+    from vlbert.modeling.processing_vlbert import default_tokenizer_path
+
+    bert = json.loads((default_tokenizer_path() / "config.json").read_text())
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    model = build(PixelBertForPreTraining, smoke_detector, **{k: bert[k] for k in sizes})
+    report = model.load_bert(default_tokenizer_path())
+    visual_and_heads = (
+        "pixelbert.cnn.",
+        "pixelbert.pixel_embeddings.",
+        "mlm.predictions.transform.",
+        "relation_head.",
+    )
+    assert all(n.startswith(visual_and_heads) for n in report["new"] if "segment C" not in n), report["new"]
+    assert "pixelbert.bert.encoder.layer.0.attention.self.query.weight" in report["loaded"]
+
+
+def test_an_image_given_several_times_runs_through_the_cnn_once(smoke_detector, images, processor):
+    # VCR's four candidates share their image: the batch holds one tensor four times.
+    model = build(PixelBertForVCR, smoke_detector)
+    shared = head_batch(PixelBertForVCR, processor, images)
+    copies = {**shared, "visual": visual_inputs([images[0].clone() for _ in range(4)])}
+    calls = []
+    hook = model.pixelbert.cnn.register_forward_hook(lambda module, args, out: calls.append(len(args[0])))
+    with torch.no_grad():
+        once, four_times = model(**shared).logits, model(**copies).logits
+    hook.remove()
+    assert calls == [1, 4]
+    assert torch.allclose(once, four_times, atol=1e-6)
+
+
+def test_a_batch_loads_an_image_it_holds_several_times_once(smoke_world):
+    from vlbert.tasks.regions import Regions, visual_batch
+
+    path = image_items(smoke_world / "vqa", "vqa", "val2014")[0].path
+    boxes = np.array([[0, 0, 96, 96], [4, 4, 20, 20]], dtype=np.float32)
+    region = Regions(boxes, np.zeros(2), np.zeros((2, 8), np.float32), np.arange(2), 96, 96, path)
+    visual = visual_batch([region] * 3, with_images=True)
+    assert visual.images[0] is visual.images[1] is visual.images[2]

@@ -1,0 +1,74 @@
+"""Pixel-BERT configuration: VL-BERT's (so that one builder makes either model) plus the pixel settings."""
+
+from __future__ import annotations
+
+from ..auto import register_on_use
+from .configuration_vlbert import VLBertConfig
+
+CNNS = ("detector", "resnet50")
+# The paper's image sizes for ResNet-50 (shorter side, longer side at most).
+RESNET_IMAGE_SIZES = (800, 1333)
+
+
+class PixelBertConfig(VLBertConfig):
+    """
+    VLBertConfig's fields keep their meaning where Pixel-BERT has them: the BERT sizes, `frcnn`
+    (the trained detector, whose trunk is the CNN when cnn="detector"), `num_answers`, and
+    `img_token_id` / `end_token_id` (the elements of VL-BERT's input layout that Pixel-BERT drops).
+    The region fields (visual_feature_dim, geometry_wavelengths, num_visual_classes,
+    visual_scale_text_init) are accepted and unused, and so is `tune_frcnn`: the CNN always
+    trains, end to end, as in the paper (its rate is the optimiser's: parameters `pixelbert.cnn.*`).
+
+    pixel_samples: pixel tokens kept per image in pre-training, a fresh random draw each step (the
+        paper keeps 100 of a ResNet-50 map's ~260); 0: no sampling. Only PixelBertForPreTraining
+        samples, and only in train mode.
+    pixel_pool: the paper's 2x2 max-pool after the pixel embedding's 3x3 conv. True, False, or
+        None: where the map is large enough, i.e. when the CNN's map of an image at `image_min_size`
+        has at least `POOL_MIN_SIDE` (16) cells on its shorter side, so that the pooled map keeps
+        8 or more (ResNet-50 at 800 px: 25 cells, pooled, the paper's 64x down-sampling; a 96-px
+        image through a stride-16 detector trunk: 6 cells, kept whole).
+    cnn: "detector": the detector's trunk (its ResNet to C4, then its C5 stage over the whole map),
+        initialised from the trained detector by `load_detector`; "resnet50": torchvision's
+        ResNet-50 to C5, for real images, its ImageNet weights loaded by the caller
+        (`cnn.load_resnet_state`), never downloaded.
+    image_min_size, image_max_size: images are resized so that their shorter side is
+        `image_min_size` unless their longer side would pass `image_max_size`. None: the detector's
+        `image_size` (cnn="detector"; the longer side then defaults to the shorter's, as the
+        detector resizes), the paper's 800 and 1333 (cnn="resnet50").
+    """
+
+    model_type = "pixelbert"
+
+    def __init__(
+        self,
+        pixel_samples: int = 0,
+        pixel_pool: bool | None = None,
+        cnn: str = "detector",
+        image_min_size: int | None = None,
+        image_max_size: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if cnn not in CNNS:
+            raise ValueError(f"PixelBertConfig.cnn must be one of {', '.join(CNNS)}, got {cnn!r}")
+        if pixel_samples < 0:
+            raise ValueError(f"PixelBertConfig.pixel_samples must be >= 0, got {pixel_samples}")
+        self.pixel_samples = pixel_samples
+        self.pixel_pool = pixel_pool
+        self.cnn = cnn
+        self.image_min_size = image_min_size
+        self.image_max_size = image_max_size
+
+    @property
+    def image_sizes(self) -> tuple[int, int]:
+        """(shorter side, longer side at most) that images are resized to."""
+        if self.cnn == "resnet50":
+            return self.image_min_size or RESNET_IMAGE_SIZES[0], self.image_max_size or RESNET_IMAGE_SIZES[1]
+        if self.frcnn is None:
+            raise ValueError('PixelBertConfig: cnn="detector" needs frcnn, the detector\'s config')
+        size = self.image_min_size or self.frcnn["image_size"]
+        return size, self.image_max_size or size
+
+
+# On AutoConfig: now if transformers has loaded it, else when it does (vlbert/auto.py).
+register_on_use()

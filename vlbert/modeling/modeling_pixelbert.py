@@ -1,0 +1,513 @@
+"""Pixel-BERT (Huang et al. 2020): a single-stream BERT over words and the cells of a CNN's map.
+
+Input: `[CLS] sentence A [SEP] (sentence B [SEP]) v_1 ... v_k`. The batch is VL-BERT's
+(processing_vlbert's layout, the heads' arguments): the [IMG] / [END] elements are dropped, the
+words moved to the front of each row in their order, and the pixel tokens of the image appended
+after them. Words embed as in BERT (token + segment + position). A pixel token is a cell of the
+CNN's C5 map through a 3x3 conv to the hidden width, a 2x2 max-pool where the map is large
+enough, and a ReLU, plus one learned visual embedding shared by every pixel and the image
+segment (C); every pixel token takes position 0, whatever the caption: no position information,
+as in the paper (a constant that the shared visual embedding could absorb). The CNN is the
+detector's trunk (its ResNet to C4, then its C5 stage over the whole map), initialised from the
+trained detector and trained end to end with the transformer. The encoder is transformers'
+BertModel (attention through SDPA).
+
+Pre-training: masked language modelling and image-text matching on [CLS], with random pixel
+sampling (a fresh random subset of each image's pixel tokens each step, `pixel_samples`); the
+task heads always see every pixel token, as the paper fine-tunes and infers.
+
+Reading order: the CNN, the pixel embeddings, `PixelBertPreTrainedModel` (VL-BERT's init and
+checkpoints, the builder's hooks), `PixelBertModel`, then one class per head. The classes are
+transformers `PreTrainedModel`s, on AutoConfig / AutoModel / AutoModelForPreTraining as VL-BERT's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
+from torchvision.ops import roi_align
+from transformers import BertModel
+from transformers.models.bert.modeling_bert import BertOnlyMLMHead
+
+from ..detection.model import WEIGHTS_FILE, C4Backbone, C5Head, DetectorConfig
+from .configuration_pixelbert import PixelBertConfig
+from .configuration_vlbert import SEGMENT_IMAGE
+from .fast_rcnn import IMAGE_MEAN, IMAGE_STD
+from .modeling_vlbert import (
+    IGNORE_INDEX,
+    VisualInputs,
+    VLBertPreTrainedModel,
+    VLBertPreTrainingOutput,
+    VLBertTaskOutput,
+    _classifier,
+    referring_loss,
+    relation_loss,
+    vqa_loss,
+)
+
+# The 2x2 max-pool applies (pixel_pool=None) when the map has at least this many cells on its
+# shorter side, so that the pooled one keeps at least half as many.
+POOL_MIN_SIDE = 16
+# RefCOCO+: RoIAlign's output per box (then averaged), each bin of 2 x 2 bilinear samples.
+ROI_SIZE = 2
+# torchvision's ResNet module names -> PixelBertCNN's (load_resnet_state).
+RESNET_NAMES = {
+    "conv1": "backbone.stem.0",
+    "bn1": "backbone.stem.1",
+    "layer1": "backbone.layer1",
+    "layer2": "backbone.layer2",
+    "layer3": "backbone.layer3",
+    "layer4": "layer4",
+}
+
+
+class ResNetC4(nn.Module):
+    """torchvision's ResNet to C4 (stride 16), laid out and called as C4Backbone is."""
+
+    def __init__(self, resnet: nn.Module):
+        super().__init__()
+        self.stem = nn.Sequential(resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool)
+        self.layer1, self.layer2, self.layer3 = resnet.layer1, resnet.layer2, resnet.layer3
+
+    def forward(self, images: torch.Tensor) -> OrderedDict:
+        return OrderedDict([("0", self.layer3(self.layer2(self.layer1(self.stem(images)))))])
+
+
+class PixelBertCNN(nn.Module):
+    """Images -> their C5 map, batched [B, C, h, w], with the size each image was resized to.
+
+    Resizing and normalisation are FastRCNN's (GeneralizedRCNNTransform, ImageNet statistics;
+    the batch is padded at the bottom and right to a multiple of 32). BatchNorm stays frozen
+    (running statistics, no affine updates), as in FastRCNN; every other weight trains."""
+
+    def __init__(self, config: PixelBertConfig):
+        super().__init__()
+        min_size, max_size = config.image_sizes
+        self.transform = GeneralizedRCNNTransform(min_size, max_size, IMAGE_MEAN, IMAGE_STD)
+        if config.cnn == "detector":
+            detector = DetectorConfig.from_json(config.frcnn)
+            self.backbone = C4Backbone(detector)
+            # The detector's C5 stage, run over the whole C4 map instead of its pooled RoIs.
+            self.layer4 = C5Head(detector).layer4
+            self.out_channels, self.stride = detector.widths[3], 2 * detector.c4_stride
+        else:
+            from torchvision.models import resnet50
+
+            resnet = resnet50()  # random weights; the ImageNet ones come through load_resnet_state
+            self.backbone = ResNetC4(resnet)
+            self.layer4 = resnet.layer4
+            self.out_channels, self.stride = resnet.fc.in_features, 32
+        self.freeze_batchnorm()
+        self.train()  # BatchNorm and the transform in eval mode from the start
+
+    def freeze_batchnorm(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.weight.requires_grad_(False)
+                module.bias.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for module in self.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.eval()
+        # The transform too: in train mode it would draw its one size from torch's RNG.
+        self.transform.eval()
+        return self
+
+    # Adapted from FastRCNN.load_detector_state: the same keys, and of the box head its C5 stage.
+    def load_detector_state(self, state: dict, source: str = "detector") -> None:
+        """Take the trunk from a Faster R-CNN state dict (vlbert.detection.model): its backbone,
+        and the C5 stage of its box head."""
+        head = "roi_heads.box_head."
+        picked = {k: v for k, v in state.items() if k.startswith("backbone.")}
+        picked |= {k[len(head) :]: v for k, v in state.items() if k.startswith(f"{head}layer4.")}
+        missing, unexpected = self.load_state_dict(picked, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"{source}: detector weights do not fit Pixel-BERT's CNN "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
+
+    def load_resnet_state(self, state: dict) -> None:
+        """Take a torchvision ResNet-50's weights (its state dict; `fc` is not used)."""
+        if not isinstance(self.backbone, ResNetC4):
+            raise ValueError('load_resnet_state needs cnn="resnet50"')
+        picked = {}
+        for key, value in state.items():
+            module, _, rest = key.partition(".")
+            if module != "fc":
+                picked[f"{RESNET_NAMES[module]}.{rest}"] = value
+        self.load_state_dict(picked)
+
+    def forward(self, images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """images: float RGB [3, H, W] in [0, 1]. Returns the map and [B, 2] resized (height, width)."""
+        image_list, _ = self.transform(images)
+        features = self.layer4(self.backbone(image_list.tensors)["0"])
+        return features, torch.tensor(image_list.image_sizes, device=features.device)
+
+
+class PixelBertPixelEmbeddings(nn.Module):
+    """C5 map -> pixel tokens: 3x3 conv to the hidden width, 2x2 max-pool where the map is large
+    enough (`pixel_pool`), ReLU, flattened in raster order; plus the paper's semantic embedding
+    s_v, one learned vector shared by every pixel (BERT's embeddings add the image segment)."""
+
+    def __init__(self, config: PixelBertConfig, in_channels: int, cnn_stride: int):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, config.hidden_size, 3, padding=1)
+        pool = config.pixel_pool
+        if pool is None:
+            pool = config.image_sizes[0] // cnn_stride >= POOL_MIN_SIDE
+        # ceil_mode: an odd side keeps its last row / column of cells.
+        self.pool = nn.MaxPool2d(2, ceil_mode=True) if pool else nn.Identity()
+        self.stride = cnn_stride * (2 if pool else 1)  # resized image pixels per pixel token
+        self.visual_embedding = nn.Parameter(torch.empty(config.hidden_size).normal_(0.0, config.initializer_range))
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """[B, C, h', w'] -> [B, h * w, H] tokens and the map's (h, w)."""
+        pixel_map = F.relu(self.pool(self.conv(features)))
+        return pixel_map.flatten(2).transpose(1, 2) + self.visual_embedding, tuple(pixel_map.shape[2:])
+
+
+@dataclass
+class PixelTokens:
+    """An image batch's pixel tokens. tokens: [B, K, H]; mask: [B, K] bool, the tokens that lie
+    on their image (not on the batch's padding); map_size: (h, w), K = h * w unless sampled;
+    box_scale: [B, 2] map cells per image pixel in x and y (the transform's resize over the
+    stride); cells: [B, K] the map cell (raster index) of each token kept by random sampling, None
+    when every cell is there."""
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    map_size: tuple[int, int]
+    box_scale: torch.Tensor
+    cells: torch.Tensor | None = None
+
+
+@dataclass
+class PixelBertModelOutput:
+    """last_hidden_state: [B, T + K, H], the T text slots ([CLS] first) then the K pixel tokens.
+    text_index: [B, T], the input column each text slot holds (labels given per input column are
+    read through it); text_mask: [B, T] bool, the real text slots (the rest is padding).
+    pixels: the pixel tokens as they entered BERT, with their layout (PixelTokens); None without
+    images."""
+
+    last_hidden_state: torch.Tensor
+    text_index: torch.Tensor
+    text_mask: torch.Tensor
+    pixels: PixelTokens | None
+
+    @property
+    def text_hidden(self) -> torch.Tensor:
+        return self.last_hidden_state[:, : self.text_index.shape[1]]
+
+    @property
+    def pixel_hidden(self) -> torch.Tensor:
+        return self.last_hidden_state[:, self.text_index.shape[1] :]
+
+    def pixel_map(self) -> torch.Tensor:
+        """[B, H, h, w]: the pixel tokens' hidden states back on their map."""
+        if self.pixels is None or self.pixels.cells is not None:
+            raise ValueError("no pixel map: no images, or pixel tokens sampled")
+        return self.pixel_hidden.transpose(1, 2).unflatten(2, self.pixels.map_size)
+
+
+class PixelBertPreTrainedModel(VLBertPreTrainedModel):
+    """VL-BERT's weight init, BERT loading and checkpoints (VLBertPreTrainedModel), for Pixel-BERT.
+
+    `init_weights` draws BERT's init for every Linear, Embedding and LayerNorm: the CNN has none,
+    and keeps its construction init until `load_detector` (the base model's `fast_rcnn` is None).
+    A pre-training checkpoint starts a task head with the encoder (`pixelbert.*`: BERT, CNN, pixel
+    embeddings) loaded and the head new, as VL-BERT's do."""
+
+    config_class = PixelBertConfig
+    base_model_prefix = "pixelbert"
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        model.base_model.cnn.freeze_batchnorm()  # loading made every float parameter trainable
+        return loaded
+
+    # ---- what the study's builder calls on a new model (every model family has them) ---------
+
+    def load_detector(self, detector_dir) -> None:
+        """The CNN's weights from the trained detector (a `vlbert train-detector` folder): its
+        backbone and C5 stage. A ResNet-50 CNN takes its ImageNet weights from the caller instead
+        (`base_model.cnn.load_resnet_state`): nothing to take here."""
+        if self.config.cnn == "detector":
+            state = load_file(str(Path(detector_dir) / WEIGHTS_FILE))
+            self.base_model.cnn.load_detector_state(state, str(detector_dir))
+
+    def center_appearance(self, mean: torch.Tensor) -> None:
+        """Nothing to do: Pixel-BERT has no region appearance features to centre (VL-BERT centres
+        its regions' on the training images' mean)."""
+
+
+class PixelBertModel(PixelBertPreTrainedModel):
+    """The encoder: BERT over words and pixel tokens, and the CNN that computes the pixels'
+    features. `initialise=False`: a head holds it and initialises it with the head, in one pass."""
+
+    def __init__(self, config: PixelBertConfig, initialise: bool = True):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cnn = PixelBertCNN(config)
+        self.pixel_embeddings = PixelBertPixelEmbeddings(config, self.cnn.out_channels, self.cnn.stride)
+        self.fast_rcnn = None  # no region features (VLBertPreTrainedModel's init and loading look)
+        self._initialised_by_head = not initialise
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.bert.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.bert.embeddings.word_embeddings = value
+
+    def pixel_tokens(self, images: list[torch.Tensor], sample_pixels: int = 0) -> PixelTokens:
+        """The images' pixel tokens; `sample_pixels` > 0 keeps that many per image (random pixel
+        sampling: a fresh draw from torch's global RNG each call)."""
+        # An image given several times (the same tensor: VCR's candidates) runs through the CNN once.
+        distinct = {id(image): image for image in images}
+        rows = list(distinct)
+        features, resized = self.cnn(list(distinct.values()))
+        tokens, (h, w) = self.pixel_embeddings(features)
+        if len(rows) < len(images):
+            index = torch.tensor([rows.index(id(image)) for image in images], device=tokens.device)
+            tokens, resized = tokens[index], resized[index]
+        stride = self.pixel_embeddings.stride
+        # The cells on the image; those past its resized size are the batch's padding.
+        on_image = torch.div(resized + stride - 1, stride, rounding_mode="floor")  # [B, 2] cells (h, w)
+        rows = torch.arange(h, device=tokens.device)[None, :, None] < on_image[:, 0, None, None]
+        cols = torch.arange(w, device=tokens.device)[None, None, :] < on_image[:, 1, None, None]
+        mask = (rows & cols).flatten(1)
+        original = torch.tensor([[i.shape[2], i.shape[1]] for i in images], device=tokens.device)
+        box_scale = resized.flip(1) / original / stride
+        cells = None
+        if 0 < sample_pixels < h * w:
+            # Padding cells draw last: an image keeps min(sample_pixels, its cells) real tokens.
+            draw = torch.rand(mask.shape, device=tokens.device).masked_fill(~mask, 2.0)
+            cells = draw.argsort(1)[:, :sample_pixels].sort(1).values  # kept in raster order
+            tokens = tokens.gather(1, cells.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
+            mask = mask.gather(1, cells)
+        return PixelTokens(tokens, mask, (h, w), box_scale, cells)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        visual_index: torch.Tensor | None = None,
+        visual: VisualInputs | None = None,
+        text_only: torch.Tensor | None = None,
+        sample_pixels: int = 0,
+    ) -> PixelBertModelOutput:
+        """The inputs are VL-BERT's batch (visual_index and text_only taken, and not used: there
+        are no regions). visual.images: the images, float RGB [3, H, W] in [0, 1]; visual None:
+        text only, no pixel tokens. sample_pixels: see `pixel_tokens` (pre-training's only)."""
+        # The words: the input less its [IMG] / [END] elements and padding, each row's moved to
+        # its front in their order.
+        config = self.config
+        is_text = attention_mask.bool() & (input_ids != config.img_token_id) & (input_ids != config.end_token_id)
+        text_index = torch.argsort((~is_text).int(), dim=1, stable=True)[:, : int(is_text.sum(1).max())]
+        text_mask = is_text.gather(1, text_index)
+        ids, segments, positions = (t.gather(1, text_index) for t in (input_ids, token_type_ids, position_ids))
+        embeds, masks = [self.bert.embeddings.word_embeddings(ids)], [text_mask]
+        pixels = None
+        if visual is not None:
+            if visual.images is None:
+                raise ValueError("Pixel-BERT reads the images: visual.images is None")
+            pixels = self.pixel_tokens(visual.images, sample_pixels)
+            count = pixels.tokens.shape[1]
+            # The paper gives pixels no position: every pixel token takes position 0, a constant
+            # the same for every image and caption.
+            embeds.append(pixels.tokens.to(embeds[0].dtype))
+            masks.append(pixels.mask)
+            segments = torch.cat([segments, segments.new_full((len(segments), count), SEGMENT_IMAGE)], 1)
+            positions = torch.cat([positions, positions.new_zeros(len(positions), count)], 1)
+        output = self.bert(
+            inputs_embeds=torch.cat(embeds, 1),
+            token_type_ids=segments,
+            position_ids=positions,
+            attention_mask=torch.cat(masks, 1).to(attention_mask.dtype),
+        )
+        return PixelBertModelOutput(output.last_hidden_state, text_index, text_mask, pixels)
+
+
+class PixelBertForPreTraining(PixelBertPreTrainedModel):
+    """Masked language modelling with the image's pixels, and image-text matching on [CLS]. No
+    masked visual modelling: the paper samples pixels instead (`config.pixel_samples`)."""
+
+    # Adapted from transformers.models.bert.modeling_bert.BertForPreTraining._tied_weights_keys,
+    # as VLBertForPreTraining: the decoder is the word embedding matrix, its bias the head's.
+    _tied_weights_keys = {
+        "mlm.predictions.decoder.weight": "pixelbert.bert.embeddings.word_embeddings.weight",
+        "mlm.predictions.bias": "mlm.predictions.decoder.bias",
+    }
+
+    def __init__(self, config: PixelBertConfig):
+        super().__init__(config)
+        self.pixelbert = PixelBertModel(config, initialise=False)
+        self.mlm = BertOnlyMLMHead(config)
+        self.relation_head = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.get_output_embeddings with cls->mlm
+    def get_output_embeddings(self):
+        return self.mlm.predictions.decoder
+
+    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.set_output_embeddings with cls->mlm
+    def set_output_embeddings(self, new_embeddings):
+        self.mlm.predictions.decoder = new_embeddings
+        self.mlm.predictions.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index=None,
+        visual=None,
+        text_only=None,
+        mlm_labels=None,
+        relation_labels=None,
+        **_,
+    ):
+        """As VLBertForPreTraining's (roi_positions, roi_labels taken, and not used). With
+        mlm_labels, mlm_logits holds the masked positions in the order of
+        `mlm_labels[mlm_labels != -100]`; without, [B, T, V] over the text slots."""
+        # Random pixel sampling in pre-training's steps only: evaluation sees every pixel.
+        sample = self.config.pixel_samples if self.training else 0
+        out = self.pixelbert(
+            input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, sample_pixels=sample
+        )
+        text = out.text_hidden
+        masked = None
+        if mlm_labels is not None:
+            labels = mlm_labels.gather(1, out.text_index).masked_fill(~out.text_mask, IGNORE_INDEX)
+            masked = labels != IGNORE_INDEX
+        # With labels, only the masked positions are scored, as VLBertForPreTraining does.
+        mlm_logits = self.mlm(text[masked] if masked is not None else text)
+        relation_logits = self.relation_head(out.last_hidden_state[:, 0]).squeeze(-1)
+        losses = {}
+        if masked is not None and bool(masked.any()):
+            losses["mlm"] = F.cross_entropy(mlm_logits, labels[masked])
+        relation = relation_loss(relation_logits, relation_labels)
+        if relation is not None:
+            losses["relation"] = relation
+        loss = sum(losses.values()) if losses else None
+        return VLBertPreTrainingOutput(loss, losses, mlm_logits, text.new_zeros(0), relation_logits)
+
+
+class PixelBertForVQA(PixelBertPreTrainedModel):
+    """An MLP on [CLS] over the answer vocabulary, as the paper's VQA, trained with binary
+    cross-entropy on the soft VQA scores as VLBertForVQA is."""
+
+    def __init__(self, config: PixelBertConfig):
+        super().__init__(config)
+        self.pixelbert = PixelBertModel(config, initialise=False)
+        if config.num_answers < 1:
+            raise ValueError("PixelBertForVQA needs config.num_answers (the answer vocabulary size)")
+        self.classifier = _classifier(config, config.num_answers)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index,
+        visual,
+        answer_positions=None,
+        answer_scores=None,
+        **_,
+    ):
+        """As VLBertForVQA's; the answer is read on [CLS], not at answer_positions."""
+        out = self.pixelbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
+        logits = self.classifier(out.last_hidden_state[:, 0])
+        losses = {}
+        if answer_scores is not None:
+            losses["vqa"] = vqa_loss(logits, answer_scores)
+        return VLBertTaskOutput(losses.get("vqa"), logits, losses)
+
+
+class PixelBertForVCR(PixelBertPreTrainedModel):
+    """Each candidate is one sequence; [CLS] gives its score, softmax over the candidates. No
+    masked RoI loss: Pixel-BERT has no regions."""
+
+    def __init__(self, config: PixelBertConfig):
+        super().__init__(config)
+        self.pixelbert = PixelBertModel(config, initialise=False)
+        self.classifier = _classifier(config, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index,
+        visual,
+        labels=None,
+        num_choices: int = 4,
+        **_,
+    ):
+        """Inputs are [B * num_choices, ...] (candidates of one question adjacent), as VLBertForVCR's."""
+        out = self.pixelbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
+        logits = self.classifier(out.last_hidden_state[:, 0]).view(-1, num_choices)
+        losses = {}
+        if labels is not None:
+            losses["choice"] = F.cross_entropy(logits, labels)
+        return VLBertTaskOutput(losses.get("choice"), logits, losses)
+
+
+class PixelBertForRefCOCO(PixelBertPreTrainedModel):
+    """A binary score per candidate box; the prediction is the best-scoring box. This head is the
+    project's design (the paper has no RefCOCO+ head): a box's feature is RoIAlign over the final
+    layer's pixel-token map, averaged to one vector, then VLBertForRefCOCO's classifier and loss."""
+
+    def __init__(self, config: PixelBertConfig):
+        super().__init__(config)
+        self.pixelbert = PixelBertModel(config, initialise=False)
+        self.classifier = _classifier(config, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index,
+        visual,
+        roi_positions,
+        roi_targets=None,
+        **_,
+    ):
+        """As VLBertForRefCOCO's: the candidates are the rows of visual.boxes (image pixels) whose
+        roi_positions are >= 0; roi_targets [B, R] 1 / 0 for candidates, -1 elsewhere."""
+        out = self.pixelbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
+        pixel_map = out.pixel_map()
+        # Image pixels -> map cells: the transform's resize, then the stride.
+        boxes = visual.boxes.to(pixel_map.dtype) * out.pixels.box_scale.to(pixel_map.dtype).repeat(1, 2).unsqueeze(1)
+        # aligned: cell i covers [i, i + 1) on the map, its centre at i + 0.5, as box corners need.
+        pooled = roi_align(pixel_map, list(boxes), ROI_SIZE, spatial_scale=1.0, sampling_ratio=2, aligned=True)
+        box_hidden = pooled.mean((2, 3)).view(*boxes.shape[:2], -1)
+        logits = self.classifier(box_hidden).squeeze(-1)
+        logits = logits.masked_fill(roi_positions < 0, -math.inf)
+        losses = {}
+        if roi_targets is not None:
+            losses["ref"] = referring_loss(logits, roi_targets)
+        return VLBertTaskOutput(losses.get("ref"), logits, losses)
