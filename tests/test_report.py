@@ -174,3 +174,41 @@ def test_the_report_says_why_a_run_it_used_was_ended(tmp_path, monkeypatch, caps
     report = _report(store, tmp_path, monkeypatch)
     assert f"run {killed} did not finish (status KILLED: {why}); its figures are used" in capsys.readouterr().err
     assert why in (report / "table4.md").read_text()
+
+
+def test_the_systems_table_puts_each_system_beside_its_papers_and_checks_their_findings(tmp_path, monkeypatch):
+    from mlflow.entities import Metric
+
+    store = Store(tmp_path)
+    scores = {"no_pretrain": 40.0, "c": 60.0, "full": 62.0, "vilbert_no_pretrain": 42.0, "vilbert": 58.0}
+    sizes = {"full": 3.0e6, "vilbert": 3.6e6}
+    for setting, score in scores.items():
+        for task in TABLE4_TASKS:
+            for seed in (0, 1):
+                run = store.run(setting, task, seed, score + seed)
+                if task == "refcoco_det" and setting in sizes:
+                    store.client.log_batch(
+                        run,
+                        metrics=[
+                            Metric("parameters", sizes[setting], store.clock, 1),
+                            Metric("trainable_parameters", sizes[setting] / 2, store.clock, 1),
+                        ],
+                    )
+    report = _report(store, tmp_path, monkeypatch)
+    systems = (report / "systems.md").read_text()
+    systems_rows = [line for line in systems.splitlines() if line.startswith(("| VL-BERT", "| ViLBERT", "| Pixel"))]
+    rows = {line.split("|")[2].strip(): line for line in systems_rows}
+    assert set(rows) == {"no_pretrain", "c", "full", "vilbert_no_pretrain", "vilbert"}
+    assert "| ViLBERT | vilbert | 58.5 ± 0.7 |" in rows["vilbert"]
+    assert "70.55 †" in rows["vilbert"] and "72.42 †" in rows["vilbert"]  # ViLBERT Table 1, recalled
+    assert "| 3.60 | 1.80 |" in rows["vilbert"]
+    assert "ViLBERT trains 1.80 M parameters in fine-tuning against VL-BERT's 1.50 M (+20%" in systems
+    assert "vilbert_ctrl" in systems  # VOLTA's controlled comparison
+    assert "pixelbert" not in rows  # no runs: no row
+    findings = {f["id"]: f for f in json.loads((report / "systems_findings.json").read_text())}
+    assert findings["vilbert_pretrain_helps"]["verdict"] == "agrees"
+    assert findings["two_vs_single_stream"]["verdict"] == "no sign stated"
+    assert all(t["delta"] == pytest.approx(-2.0) for t in findings["two_vs_single_stream"]["tasks"])
+    assert "pixel_sampling_helps" not in findings  # its settings have no runs
+    assert (report / "figures" / "systems.png").stat().st_size > 0
+    assert (report / "systems.csv").read_text().startswith("system,setting,")

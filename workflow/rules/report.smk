@@ -1,4 +1,4 @@
-# The report: Table 4, the paper's findings and the figures, read back from MLflow.
+# The report: Table 4, the paper's findings, the three systems' table and the figures, read back from MLflow.
 
 
 rule report:
@@ -11,6 +11,13 @@ rule report:
         tex=f"{LAYOUT.reports}/table4.tex",
         findings=report(f"{LAYOUT.reports}/findings.md", caption="../report/findings.rst", category="Findings"),
         runs=f"{LAYOUT.reports}/runs.csv",
+        systems=report(f"{LAYOUT.reports}/systems.md", caption="../report/systems.rst", category="Systems"),
+        systems_csv=f"{LAYOUT.reports}/systems.csv",
+        systems_tex=f"{LAYOUT.reports}/systems.tex",
+        systems_findings=report(f"{LAYOUT.reports}/systems_findings.md", caption="../report/systems.rst",
+                                category="Systems"),
+        systems_figure=report(f"{LAYOUT.reports}/figures/systems.png", caption="../report/systems.rst",
+                              category="Figures"),
         pretraining_table=report(f"{LAYOUT.reports}/pretraining.md", caption="../report/pretraining.rst", category="Pre-training"),
         detector=report(f"{LAYOUT.reports}/detector.md", caption="../report/detector.rst", category="Detector"),
         bars=report(f"{LAYOUT.reports}/figures/table4_bars.png", caption="../report/table4_bars.rst", category="Figures"),

@@ -5,7 +5,8 @@ prediction artifacts of each seed's Q->A and QA->R runs), so the report says wha
 The paper's numbers come from vlbert/reference/paper_numbers.yaml, with their provenance.
 
 read.py reads the runs, statistics.py computes Table 4 and the findings, render.py writes the text
-files and figures.py the figures; `write_report` below runs them in that order.
+files and figures.py the figures, systems.py the three systems' table; `write_report` below runs
+them in that order.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .render import (
     write_tables,
 )
 from .statistics import findings, table4, table_warnings
+from .systems import figure_systems, write_systems
 
 __all__ = [
     "collect_runs",
@@ -72,6 +74,8 @@ def write_report(
         write_q2ar(derived, out)
     results = findings(table, paper)
     write_findings(results, out)
+    systems_findings = write_systems(table, paper, finetunes, out)
+    figure_systems(table, out / "figures" / "systems.png")
     figure_bars(table, paper, out / "figures" / "table4_bars.png")
     figure_heatmap(table, paper, out / "figures" / "delta_heatmap.png")
     figure_sweeps(list(sweep_files), out / "figures" / "lr_sweeps.png")
@@ -84,5 +88,6 @@ def write_report(
         "finetune_runs": len(finetunes),
         "findings_agreeing": sum(r["verdict"] == "agrees" for r in results),
         "findings_no_data": sum(r["verdict"] == "no data" for r in results),
+        "systems_findings_agreeing": sum(r["verdict"] == "agrees" for r in systems_findings),
         "warnings": table_warnings(table) + finetune_notes + pretrain_notes,
     }

@@ -14,12 +14,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ...registry import SETTINGS, TABLE4_TASKS, TASKS
+from ...registry import SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
 from .read import GROUNDING_KINDS, history, latest_pretraining, per_epoch
 
 
 def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
-    settings = list(SETTINGS)
+    settings = list(TABLE4_SETTINGS)
     fig, axes = plt.subplots(2, len(TABLE4_TASKS), figsize=(4 * len(TABLE4_TASKS), 6.5), squeeze=False)
     colours = plt.cm.viridis(np.linspace(0.1, 0.9, len(settings)))
     for k, task in enumerate(TABLE4_TASKS):
@@ -46,7 +46,7 @@ def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
 
 
 def figure_heatmap(table: pd.DataFrame, paper: dict, path: Path) -> None:
-    settings = [s for s in SETTINGS if s != "no_pretrain"]
+    settings = [s for s in TABLE4_SETTINGS if s != "no_pretrain"]
     ours = np.array(
         [[table.loc[s, f"{t}_mean"] - table.loc["no_pretrain", f"{t}_mean"] for t in TABLE4_TASKS] for s in settings]
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ... import io
-from ...registry import SETTINGS, TABLE4_TASKS, TASKS
+from ...registry import SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
 from .read import GROUNDING_KINDS, PRETRAINING_METRICS, latest_pretraining
 from .statistics import MISSING
 
@@ -42,7 +42,7 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
     header = ["setting"] + [TASKS[t].table4_title for t in TABLE4_TASKS] + [f"paper {t}{marker}" for t in TABLE4_TASKS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv_rows = []
-    for setting in SETTINGS:
+    for setting in TABLE4_SETTINGS:
         ours = _cells(table, setting)
         theirs = [f"{v:.1f}" for v in published["rows"][setting]]
         lines.append("| " + " | ".join([setting] + ours + theirs) + " |")
@@ -58,7 +58,7 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
         f"\nOurs: mean ± standard deviation over seeds (up to {n} per cell), accuracy in percent. "
         f"Paper: ICLR 2020 Table 4, VL-BERT_BASE."
     )
-    shown = " ".join(" ".join(_cells(table, s)) for s in SETTINGS)
+    shown = " ".join(" ".join(_cells(table, s)) for s in TABLE4_SETTINGS)
     if MISSING in shown:
         note += f" {MISSING} no run with results for this setting and task."
     if "(n=" in shown:
@@ -82,7 +82,7 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
         + " \\\\",
         "\\midrule",
     ]
-    for setting in SETTINGS:
+    for setting in TABLE4_SETTINGS:
         ours = [c.replace("±", "$\\pm$").replace(MISSING, "---") for c in _cells(table, setting)]
         tex.append(
             f"{setting.replace('_', chr(92) + '_')} & "
@@ -111,38 +111,43 @@ def write_findings(results: list[dict], out: Path) -> None:
         "",
     ]
     for r in results:
-        lines.append(f"## {r['text']}: {r['verdict']}")
-        lines.append("")
-        lines.append("| task | delta | seed spread | sign as the paper's | beyond spread |")
-        lines.append("|---|---|---|---|---|")
-        for t in r["tasks"]:
-            if t["agrees"] is None:
-                lines.append(f"| {t['task']} | no data | {MISSING} | {MISSING} | {MISSING} |")
-                continue
-            spread = "n/a (n=1)" if math.isnan(t["spread"]) else f"{t['spread']:.2f}"
-            beyond = "n/a" if t["beyond_spread"] is None else "yes" if t["beyond_spread"] else "no"
-            lines.append(
-                f"| {t['task']} | {t['delta']:+.2f} | {spread} | {'yes' if t['agrees'] else 'no'} | {beyond} |"
-            )
-        gaps = [f"{t['task']} ({' and '.join(t['missing'])})" for t in r["tasks"] if t["missing"]]
-        if gaps:
-            measured = [t for t in r["tasks"] if t["agrees"] is not None]
-            agreeing = "; the measured tasks agree in sign" if measured and r["verdict"] == "no data" else ""
-            lines += ["", f"No runs with results for: {', '.join(gaps)}{agreeing}."]
-        if r["largest_on"] and r["largest_ok"] is not None:
-            lines.append("")
-            lines.append(
-                f"The paper says the gain is largest on {r['largest_on'].upper()}: "
-                f"{'so it is here' if r['largest_ok'] else 'not so here'}."
-            )
-        lines.append("")
+        lines += findings_lines(r)
     io.write_text(out / "findings.md", "\n".join(lines))
     io.write_json(out / "findings.json", results, indent=2)
 
 
+def findings_lines(r: dict) -> list[str]:
+    """One finding's section: its verdict, and per task our delta against the seed spread."""
+    lines = [f"## {r['text']}: {r['verdict']}", ""]
+    lines.append("| task | delta | seed spread | sign as the paper's | beyond spread |")
+    lines.append("|---|---|---|---|---|")
+    for t in r["tasks"]:
+        if t["missing"]:
+            lines.append(f"| {t['task']} | no data | {MISSING} | {MISSING} | {MISSING} |")
+            continue
+        spread = "n/a (n=1)" if math.isnan(t["spread"]) else f"{t['spread']:.2f}"
+        beyond = "n/a" if t["beyond_spread"] is None else "yes" if t["beyond_spread"] else "no"
+        sign = "n/a (none stated)" if t["agrees"] is None else "yes" if t["agrees"] else "no"
+        lines.append(f"| {t['task']} | {t['delta']:+.2f} | {spread} | {sign} | {beyond} |")
+    gaps = [f"{t['task']} ({' and '.join(t['missing'])})" for t in r["tasks"] if t["missing"]]
+    if gaps:
+        measured = [t for t in r["tasks"] if not t["missing"]]
+        agreeing = "; the measured tasks agree in sign" if measured and r["verdict"] == "no data" else ""
+        lines += ["", f"No runs with results for: {', '.join(gaps)}{agreeing}."]
+    if r["largest_on"] and r["largest_ok"] is not None:
+        lines.append("")
+        lines.append(
+            f"The paper says the gain is largest on {r['largest_on'].upper()}: "
+            f"{'so it is here' if r['largest_ok'] else 'not so here'}."
+        )
+    lines.append("")
+    return lines
+
+
 def write_q2ar(derived: pd.DataFrame, out: Path) -> None:
     """vcr_q2ar.md: VCR Q->AR per setting over seeds, from derive_q2ar's rows."""
-    q2ar = derived.groupby("setting")["val_accuracy"].agg(["mean", "std", "count"]).reindex(list(SETTINGS))
+    rows = [s for s in SETTINGS if s in TABLE4_SETTINGS or s in set(derived["setting"])]
+    q2ar = derived.groupby("setting")["val_accuracy"].agg(["mean", "std", "count"]).reindex(rows)
     lines = ["| setting | VCR Q->AR (val) |", "|---|---|"]
     lines += [
         f"| {s} | {_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |" for s, r in q2ar.iterrows()

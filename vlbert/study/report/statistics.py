@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from ...registry import SETTINGS, TABLE4_TASKS, TASKS
+from ...registry import SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
 
 FINDING_TEXT = {
     "pretrain_helps": "pre-training helps all tasks (full vs no_pretrain)",
@@ -22,7 +22,8 @@ MISSING = "—"
 
 
 def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
-    """Rows: settings; per task: mean, std and n over seeds of the Table 4 metric."""
+    """Rows: every setting (Table 4's and the other systems'); per task: mean, std and n over
+    seeds of the Table 4 metric."""
     records = []
     for setting in SETTINGS:
         row = {"setting": setting}
@@ -39,13 +40,15 @@ def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
 
 def table_warnings(table: pd.DataFrame) -> list[str]:
     """What Table 4 lacks: settings without runs, cells without runs, cells on a single seed."""
-    counts = table[[f"{t}_n" for t in TABLE4_TASKS]]
-    empty = [s for s in SETTINGS if not counts.loc[s].any()]
+    counts = table.loc[list(TABLE4_SETTINGS), [f"{t}_n" for t in TABLE4_TASKS]]
+    empty = [s for s in TABLE4_SETTINGS if not counts.loc[s].any()]
     warnings = [f"setting {s} has no fine-tuning runs: its Table 4 row is empty ({MISSING})" for s in empty]
-    missing = [f"{s} / {t}" for s in SETTINGS if s not in empty for t in TABLE4_TASKS if table.loc[s, f"{t}_n"] == 0]
+    missing = [
+        f"{s} / {t}" for s in TABLE4_SETTINGS if s not in empty for t in TABLE4_TASKS if table.loc[s, f"{t}_n"] == 0
+    ]
     if missing:
         warnings.append(f"no run with results for {', '.join(missing)}: {MISSING} in Table 4")
-    single = [f"{s} / {t}" for s in SETTINGS for t in TABLE4_TASKS if table.loc[s, f"{t}_n"] == 1]
+    single = [f"{s} / {t}" for s in TABLE4_SETTINGS for t in TABLE4_TASKS if table.loc[s, f"{t}_n"] == 1]
     if single and len(single) == counts.astype(bool).to_numpy().sum():
         warnings.append("every cell of Table 4 rests on a single seed: no seed spread (n=1)")
     elif single:
@@ -58,10 +61,16 @@ def findings(table: pd.DataFrame, paper: dict) -> list[dict]:
     they exceed the seed spread (the larger of the two settings' standard deviations; none with a
     single seed). The verdict: "does not agree" when a measured task says otherwise, "no data"
     when a task or setting has no runs (a missing figure is not a disagreement), else "agrees"."""
+    return compare(table, paper["ablation_table4"]["findings"], FINDING_TEXT)
+
+
+def compare(table: pd.DataFrame, specs: list[dict], texts: dict[str, str]) -> list[dict]:
+    """`findings` for any list of stated findings ({id, compare, tasks, sign}); a finding whose
+    source states no sign (sign null) gets its deltas and the verdict "no sign stated"."""
     out = []
-    for finding in paper["ablation_table4"]["findings"]:
+    for finding in specs:
         x, y = finding["compare"]
-        sign = 1 if finding["sign"] == "+" else -1
+        sign = {"+": 1, "-": -1}.get(finding["sign"], 0)
         per_task = []
         for task in finding["tasks"]:
             delta = table.loc[x, f"{task}_mean"] - table.loc[y, f"{task}_mean"]
@@ -74,11 +83,11 @@ def findings(table: pd.DataFrame, paper: dict) -> list[dict]:
                     "delta": delta,
                     "spread": spread,
                     "missing": missing,
-                    "agrees": None if missing else bool(delta * sign > 0),
+                    "agrees": None if missing or not sign else bool(delta * sign > 0),
                     "beyond_spread": None if missing or math.isnan(spread) else bool(abs(delta) > spread),
                 }
             )
-        measured = [t for t in per_task if t["agrees"] is not None]
+        measured = [t for t in per_task if not t["missing"]]
         largest = finding.get("largest_on")
         largest_ok = None
         if largest and measured and len(measured) == len(per_task):
@@ -88,12 +97,14 @@ def findings(table: pd.DataFrame, paper: dict) -> list[dict]:
             verdict = "does not agree"
         elif len(measured) < len(per_task):
             verdict = "no data"
+        elif not sign:
+            verdict = "no sign stated"
         else:
             verdict = "agrees"
         out.append(
             {
                 "id": finding["id"],
-                "text": FINDING_TEXT.get(finding["id"], finding["id"]),
+                "text": texts.get(finding["id"], finding["id"]),
                 "compare": [x, y],
                 "sign": finding["sign"],
                 "tasks": per_task,
