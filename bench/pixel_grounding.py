@@ -1,0 +1,160 @@
+"""Diagnosis: does Pixel-BERT keep colour in its pixel tokens, and do masked colour words read it?
+
+For each pre-training checkpoint given (and the untrained model: the detector's CNN and a fresh
+pixel embedding), on the captions that name exactly one colour:
+  - colour probe: a linear classifier of the caption's colour, trained on the train images'
+    features and scored on val, over the C5 map's mean and over the pixel tokens' mean (chance
+    1 / 7): is the colour still there after pre-training?
+  - dead units: the share of the pixel embedding's ReLU outputs that are zero, and of hidden
+    dimensions zero on every token of 64 images;
+  - masked colour words (every colour word of a val caption masked, scored among the colours)
+    right with the caption's own image and with the next caption's; their attention mass on the
+    pixel tokens per layer, against the share the pixel tokens would get under uniform attention.
+The pre-training metrics' `ground_colour_own` / `_other` measure the same reading on their own
+sample; this prints why it does or does not happen.
+
+    python bench/pixel_grounding.py results/mini/pretrain/pixelbert_no_sampling/best \
+        [results/mini/pretrain/pixelbert/best ...] [--data results/mini/data] [--detector results/mini/detector]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerFast
+
+from vlbert.data.images import load_image
+from vlbert.data.synthetic.world import COLOURS
+from vlbert.modeling import PixelBertConfig, PixelBertForPreTraining
+from vlbert.modeling.configuration_vlbert import SEGMENT_IMAGE
+
+COLOUR_NAMES = list(COLOURS)
+COLOUR_WORD = re.compile(rf"\b({'|'.join(COLOUR_NAMES)})\b")
+
+
+def one_colour_captions(data: Path, split: str, limit: int) -> list[tuple[str, Path, int]]:
+    """(caption, image path, colour index) of the captions that name exactly one colour."""
+    found = []
+    for line in (data / "conceptual_captions" / f"{split}.tsv").read_text().splitlines():
+        caption, image = line.split("\t")
+        colours = set(COLOUR_WORD.findall(caption))
+        if len(colours) == 1:
+            found.append((caption, data / "conceptual_captions" / image, COLOUR_NAMES.index(colours.pop())))
+        if len(found) >= limit:
+            break
+    return found
+
+
+@torch.no_grad()
+def pooled_features(model: PixelBertForPreTraining, items) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, C] the C5 map's mean over cells and [N, H] the pixel tokens' mean, per image."""
+    base, c5s, tokens = model.pixelbert, [], []
+    for start in range(0, len(items), 32):
+        features, _ = base.cnn([load_image(path) for _, path, _ in items[start : start + 32]])
+        pixel_tokens, _ = base.pixel_embeddings(features)
+        c5s.append(features.flatten(2).mean(2))
+        tokens.append(pixel_tokens.mean(1))
+    return torch.cat(c5s), torch.cat(tokens)
+
+
+def linear_probe(train_x, train_y, val_x, val_y, steps: int = 300) -> float:
+    """Accuracy (%) on val of a softmax classifier trained full-batch on standardised features."""
+    mean, std = train_x.mean(0), train_x.std(0) + 1e-6
+    train_x, val_x = (train_x - mean) / std, (val_x - mean) / std
+    torch.manual_seed(0)
+    classifier = torch.nn.Linear(train_x.shape[1], len(COLOUR_NAMES))
+    optimizer = torch.optim.Adam(classifier.parameters(), lr=0.05)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        F.cross_entropy(classifier(train_x), train_y).backward()
+        optimizer.step()
+    with torch.no_grad():
+        return 100.0 * (classifier(val_x).argmax(1) == val_y).float().mean().item()
+
+
+@torch.no_grad()
+def dead_units(model: PixelBertForPreTraining, items) -> tuple[float, float]:
+    """(% of ReLU outputs zero, % of hidden dimensions zero on every token) over 64 images."""
+    base = model.pixelbert
+    features, _ = base.cnn([load_image(path) for _, path, _ in items[:64]])
+    tokens = base.pixel_embeddings(features)[0] - base.pixel_embeddings.visual_embedding
+    tokens = tokens.reshape(-1, tokens.shape[-1])
+    return 100.0 * (tokens == 0).float().mean().item(), 100.0 * (tokens == 0).all(0).float().mean().item()
+
+
+@torch.no_grad()
+def masked_colour_reading(model, tokenizer, items) -> tuple[dict, list[float], float]:
+    """Masked colour words right (%) with the own and another image; their mean attention mass on
+    the pixel tokens per layer; the pixel tokens' mean share of the sequence (uniform attention).
+    One caption at a time, as PixelBertModel.forward lays it out: words, then every pixel token
+    at position 0 in the image segment."""
+    base = model.pixelbert
+    for layer in base.bert.encoder.layer:  # attention weights come out of the eager path only
+        layer.attention.self.config._attn_implementation = "eager"
+    colour_ids = tokenizer.convert_tokens_to_ids(COLOUR_NAMES)
+    right, words, mass, uniform = {"own": 0, "other": 0}, 0, None, 0.0
+    for k, (caption, image_path, _) in enumerate(items):
+        ids = tokenizer(COLOUR_WORD.sub(tokenizer.mask_token, caption), return_tensors="pt")["input_ids"]
+        masked = ids[0] == tokenizer.mask_token_id
+        gold = torch.tensor([COLOUR_NAMES.index(w) for w in COLOUR_WORD.findall(caption)])
+        words += len(gold)
+        text = ids.shape[1]
+        for which, path in (("own", image_path), ("other", items[(k + 1) % len(items)][1])):
+            pixels = base.pixel_tokens([load_image(path)])
+            count = pixels.tokens.shape[1]
+            out = base.bert(
+                inputs_embeds=torch.cat([base.bert.embeddings.word_embeddings(ids), pixels.tokens], 1),
+                token_type_ids=torch.cat([torch.zeros_like(ids), torch.full((1, count), SEGMENT_IMAGE)], 1),
+                position_ids=torch.cat([torch.arange(text)[None], torch.zeros(1, count, dtype=torch.long)], 1),
+                output_attentions=True,
+            )
+            logits = model.mlm(out.last_hidden_state[0, :text][masked])[:, colour_ids]
+            right[which] += int((logits.argmax(1) == gold).sum())
+            if which == "own":
+                share = torch.stack([a[0, :, :text][:, masked][..., text:].sum(-1).mean() for a in out.attentions])
+                mass = share if mass is None else mass + share
+                uniform += count / (count + text)
+    return {w: 100.0 * r / words for w, r in right.items()}, (mass / len(items)).tolist(), uniform / len(items)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pretrained", nargs="+", type=Path, help="Pixel-BERT pre-training checkpoints (best/)")
+    parser.add_argument("--data", type=Path, default=Path("results/mini/data"))
+    parser.add_argument("--detector", type=Path, default=Path("results/mini/detector"))
+    parser.add_argument("--train", type=int, default=1500, help="probe training images")
+    parser.add_argument("--val", type=int, default=200, help="val captions")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    train, val = one_colour_captions(args.data, "train", args.train), one_colour_captions(args.data, "val", args.val)
+    train_y, val_y = torch.tensor([c for *_, c in train]), torch.tensor([c for *_, c in val])
+    print(f"one-colour captions: {len(train)} train, {len(val)} val; chance {100 / len(COLOUR_NAMES):.1f}%")
+    untrained = PixelBertForPreTraining(PixelBertConfig.from_pretrained(args.pretrained[0])).eval()
+    untrained.load_detector(args.detector)
+    models = [("untrained", untrained)]
+    models += [(str(path), PixelBertForPreTraining.from_pretrained(path).eval()) for path in args.pretrained]
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(args.pretrained[0])
+    for name, model in models:
+        (c5_train, tokens_train), (c5_val, tokens_val) = pooled_features(model, train), pooled_features(model, val)
+        zero, dead = dead_units(model, train)
+        print(f"{name}")
+        print(
+            f"  colour probe: C5 map {linear_probe(c5_train, train_y, c5_val, val_y):.1f}%, "
+            f"pixel tokens {linear_probe(tokens_train, train_y, tokens_val, val_y):.1f}%; "
+            f"ReLU outputs zero {zero:.1f}%, hidden dims dead {dead:.1f}%"
+        )
+        if model is untrained:
+            continue
+        right, mass, uniform = masked_colour_reading(model, tokenizer, val)
+        print(
+            f"  masked colour words right: own image {right['own']:.1f}%, other {right['other']:.1f}%; "
+            f"attention on pixel tokens per layer {', '.join(f'{m:.2f}' for m in mass)} (uniform {uniform:.2f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
