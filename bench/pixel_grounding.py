@@ -6,7 +6,7 @@ pixel embedding), on the captions that name exactly one colour:
     features and scored on val, over the C5 map's mean and over the pixel tokens' mean (chance
     1 / 7): is the colour still there after pre-training?
   - dead units: the share of the pixel embedding's ReLU outputs that are zero, and of hidden
-    dimensions zero on every token of 64 images;
+    dimensions zero on every token of the probe's training images;
   - masked colour words (every colour word of a val caption masked, scored among the colours)
     right with the caption's own image and with the next caption's; their attention mass on the
     pixel tokens per layer, against the share the pixel tokens would get under uniform attention.
@@ -27,38 +27,40 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast
 
+from vlbert.data.conceptual_captions import read_captions
 from vlbert.data.images import load_image
-from vlbert.data.synthetic.world import COLOURS
+from vlbert.engine.grounding import WORD_KINDS, kind_vocabulary, mask_kind, recorded_attentions
 from vlbert.modeling import PixelBertConfig, PixelBertForPreTraining
 from vlbert.modeling.configuration_vlbert import SEGMENT_IMAGE
 
-COLOUR_NAMES = list(COLOURS)
+COLOUR_NAMES = list(WORD_KINDS["colour"])
 COLOUR_WORD = re.compile(rf"\b({'|'.join(COLOUR_NAMES)})\b")
 
 
 def one_colour_captions(data: Path, split: str, limit: int) -> list[tuple[str, Path, int]]:
     """(caption, image path, colour index) of the captions that name exactly one colour."""
     found = []
-    for line in (data / "conceptual_captions" / f"{split}.tsv").read_text().splitlines():
-        caption, image = line.split("\t")
-        colours = set(COLOUR_WORD.findall(caption))
+    for record in read_captions(data / "conceptual_captions" / f"{split}.tsv"):
+        colours = set(COLOUR_WORD.findall(record.caption))
         if len(colours) == 1:
-            found.append((caption, data / "conceptual_captions" / image, COLOUR_NAMES.index(colours.pop())))
+            found.append((record.caption, record.image_path, COLOUR_NAMES.index(colours.pop())))
         if len(found) >= limit:
             break
     return found
 
 
 @torch.no_grad()
-def pooled_features(model: PixelBertForPreTraining, items) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, C] the C5 map's mean over cells and [N, H] the pixel tokens' mean, per image."""
-    base, c5s, tokens = model.pixelbert, [], []
+def pooled_features(model: PixelBertForPreTraining, items) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per image, [N, C] the C5 map's mean over cells and [N, H] the pixel tokens' mean; and
+    [N * cells, H] the pixel embedding's ReLU outputs (the tokens less the shared embedding)."""
+    base, c5s, tokens, activations = model.pixelbert, [], [], []
     for start in range(0, len(items), 32):
         features, _ = base.cnn([load_image(path) for _, path, _ in items[start : start + 32]])
         pixel_tokens, _ = base.pixel_embeddings(features)
         c5s.append(features.flatten(2).mean(2))
         tokens.append(pixel_tokens.mean(1))
-    return torch.cat(c5s), torch.cat(tokens)
+        activations.append((pixel_tokens - base.pixel_embeddings.visual_embedding).flatten(0, 1))
+    return torch.cat(c5s), torch.cat(tokens), torch.cat(activations)
 
 
 def linear_probe(train_x, train_y, val_x, val_y, steps: int = 300) -> float:
@@ -76,14 +78,10 @@ def linear_probe(train_x, train_y, val_x, val_y, steps: int = 300) -> float:
         return 100.0 * (classifier(val_x).argmax(1) == val_y).float().mean().item()
 
 
-@torch.no_grad()
-def dead_units(model: PixelBertForPreTraining, items) -> tuple[float, float]:
-    """(% of ReLU outputs zero, % of hidden dimensions zero on every token) over 64 images."""
-    base = model.pixelbert
-    features, _ = base.cnn([load_image(path) for _, path, _ in items[:64]])
-    tokens = base.pixel_embeddings(features)[0] - base.pixel_embeddings.visual_embedding
-    tokens = tokens.reshape(-1, tokens.shape[-1])
-    return 100.0 * (tokens == 0).float().mean().item(), 100.0 * (tokens == 0).all(0).float().mean().item()
+def dead_units(activations: torch.Tensor) -> tuple[float, float]:
+    """(% of ReLU outputs zero, % of hidden dimensions zero on every token)."""
+    zero = activations == 0
+    return 100.0 * zero.float().mean().item(), 100.0 * zero.all(0).float().mean().item()
 
 
 @torch.no_grad()
@@ -93,31 +91,32 @@ def masked_colour_reading(model, tokenizer, items) -> tuple[dict, list[float], f
     One caption at a time, as PixelBertModel.forward lays it out: words, then every pixel token
     at position 0 in the image segment."""
     base = model.pixelbert
-    for layer in base.bert.encoder.layer:  # attention weights come out of the eager path only
-        layer.attention.self.config._attn_implementation = "eager"
-    colour_ids = tokenizer.convert_tokens_to_ids(COLOUR_NAMES)
+    # The study's probe (vlbert.engine.grounding): every colour word masked, chosen among the colours.
+    vocabulary = kind_vocabulary(tokenizer, COLOUR_NAMES)
+    candidates = torch.tensor(sorted(vocabulary.values()))
     right, words, mass, uniform = {"own": 0, "other": 0}, 0, None, 0.0
-    for k, (caption, image_path, _) in enumerate(items):
-        ids = tokenizer(COLOUR_WORD.sub(tokenizer.mask_token, caption), return_tensors="pt")["input_ids"]
-        masked = ids[0] == tokenizer.mask_token_id
-        gold = torch.tensor([COLOUR_NAMES.index(w) for w in COLOUR_WORD.findall(caption)])
-        words += len(gold)
-        text = ids.shape[1]
-        for which, path in (("own", image_path), ("other", items[(k + 1) % len(items)][1])):
-            pixels = base.pixel_tokens([load_image(path)])
-            count = pixels.tokens.shape[1]
-            out = base.bert(
-                inputs_embeds=torch.cat([base.bert.embeddings.word_embeddings(ids), pixels.tokens], 1),
-                token_type_ids=torch.cat([torch.zeros_like(ids), torch.full((1, count), SEGMENT_IMAGE)], 1),
-                position_ids=torch.cat([torch.arange(text)[None], torch.zeros(1, count, dtype=torch.long)], 1),
-                output_attentions=True,
-            )
-            logits = model.mlm(out.last_hidden_state[0, :text][masked])[:, colour_ids]
-            right[which] += int((logits.argmax(1) == gold).sum())
-            if which == "own":
-                share = torch.stack([a[0, :, :text][:, masked][..., text:].sum(-1).mean() for a in out.attentions])
-                mass = share if mass is None else mass + share
-                uniform += count / (count + text)
+    with recorded_attentions(base.bert) as attentions:
+        for k, (caption, image_path, _) in enumerate(items):
+            text, labels, _ = mask_kind(caption, COLOUR_NAMES, vocabulary, tokenizer.mask_token)
+            ids = tokenizer(text, return_tensors="pt")["input_ids"]
+            masked, gold = ids[0] == tokenizer.mask_token_id, torch.tensor(labels)
+            words += len(gold)
+            length = ids.shape[1]
+            for which, path in (("own", image_path), ("other", items[(k + 1) % len(items)][1])):
+                pixels = base.pixel_tokens([load_image(path)])
+                count = pixels.tokens.shape[1]
+                attentions.clear()
+                out = base.bert(
+                    inputs_embeds=torch.cat([base.bert.embeddings.word_embeddings(ids), pixels.tokens], 1),
+                    token_type_ids=torch.cat([torch.zeros_like(ids), torch.full((1, count), SEGMENT_IMAGE)], 1),
+                    position_ids=torch.cat([torch.arange(length)[None], torch.zeros(1, count, dtype=torch.long)], 1),
+                )
+                logits = model.mlm(out.last_hidden_state[0, :length][masked])[:, candidates]
+                right[which] += int((candidates[logits.argmax(1)] == gold).sum())
+                if which == "own":
+                    share = torch.stack([a[0, :, :length][:, masked][..., length:].sum(-1).mean() for a in attentions])
+                    mass = share if mass is None else mass + share
+                    uniform += count / (count + length)
     return {w: 100.0 * r / words for w, r in right.items()}, (mass / len(items)).tolist(), uniform / len(items)
 
 
@@ -133,14 +132,18 @@ def main() -> None:
     train, val = one_colour_captions(args.data, "train", args.train), one_colour_captions(args.data, "val", args.val)
     train_y, val_y = torch.tensor([c for *_, c in train]), torch.tensor([c for *_, c in val])
     print(f"one-colour captions: {len(train)} train, {len(val)} val; chance {100 / len(COLOUR_NAMES):.1f}%")
+    torch.manual_seed(0)  # the untrained pixel embedding's draw
     untrained = PixelBertForPreTraining(PixelBertConfig.from_pretrained(args.pretrained[0])).eval()
     untrained.load_detector(args.detector)
     models = [("untrained", untrained)]
     models += [(str(path), PixelBertForPreTraining.from_pretrained(path).eval()) for path in args.pretrained]
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.pretrained[0])
     for name, model in models:
-        (c5_train, tokens_train), (c5_val, tokens_val) = pooled_features(model, train), pooled_features(model, val)
-        zero, dead = dead_units(model, train)
+        (c5_train, tokens_train, activations), (c5_val, tokens_val, _) = (
+            pooled_features(model, train),
+            pooled_features(model, val),
+        )
+        zero, dead = dead_units(activations)
         print(f"{name}")
         print(
             f"  colour probe: C5 map {linear_probe(c5_train, train_y, c5_val, val_y):.1f}%, "
