@@ -5,7 +5,7 @@ VENV := .venv
 PRESET ?= mini
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce test test-fast lint format ui bench clean-results
+.PHONY: reproduce test test-fast test-cluster cluster-deps lint format ui bench clean-results
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -16,11 +16,24 @@ $(STAMP): pyproject.toml
 reproduce: $(STAMP)  ## run the whole study on the embedded default (PRESET=smoke for a quick one)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --profile workflow/profiles/default --configfile experiments/$(PRESET).yaml
 
-test: $(STAMP)  ## the whole test suite, slow end-to-end tests included
-	$(VENV)/bin/python -m pytest
+test: $(STAMP)  ## the whole test suite, slow end-to-end tests included (the cluster's: test-cluster)
+	$(VENV)/bin/python -m pytest -m "not cluster"
 
 test-fast: $(STAMP)  ## without the slow end-to-end tests
-	$(VENV)/bin/python -m pytest -m "not slow"
+	$(VENV)/bin/python -m pytest -m "not slow and not cluster"
+
+# The Debian packages of the cluster test: SLURM with its accounting (slurmdbd over MariaDB), munge,
+# PostgreSQL. Installed when missing and this is root; otherwise the test says which are missing.
+CLUSTER_PACKAGES := munge slurm-wlm slurm-client slurmdbd mariadb-server postgresql
+cluster-deps:
+	@missing=$$(for p in $(CLUSTER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+		echo "apt-get install $$missing"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	elif [ -n "$$missing" ]; then echo "missing Debian packages (as root: make cluster-deps): $$missing"; fi
+
+test-cluster: $(STAMP) cluster-deps  ## the smoke study through SLURM, a Ray head and an MLflow server on PostgreSQL, all started here
+	$(VENV)/bin/python -m pytest -m cluster -rP tests/test_cluster.py
 
 lint: $(STAMP)  ## ruff (lint and format) and Snakemake's linter on every preset; CI runs it first
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,9 @@
+import os
 import pickle
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,36 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
+# As `make reproduce` runs it: the default profile (one thread per job), on two cores.
+SNAKEMAKE = [
+    sys.executable,
+    "-m",
+    "snakemake",
+    "--snakefile",
+    str(REPO / "Snakefile"),
+    "--profile",
+    str(REPO / "workflow/profiles/default"),
+    "--cores",
+    "2",
+]
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """The whole smoke study, run by Snakemake as `make reproduce PRESET=smoke` would."""
+    workdir = tmp_path_factory.mktemp("smoke_run")
+    env_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"}
+    started = time.time()
+    result = subprocess.run(
+        SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory", str(workdir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    return {"dir": workdir, "env": env, "seconds": time.time() - started}
 
 
 @pytest.fixture(scope="session")

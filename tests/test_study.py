@@ -6,11 +6,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, SNAKEMAKE
 
 from vlbert import registry
 from vlbert.config import study_settings
@@ -19,18 +18,6 @@ SMOKE = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
 SEEDS = len(SMOKE["sweep"]["seeds"])
 SETTINGS = study_settings(SMOKE)  # every system's rows: VL-BERT's Table 4 and the systems table
 TASKS = len(registry.TASKS)
-# As `make reproduce` runs it: the default profile (one thread per job), on two cores.
-SNAKEMAKE = [
-    sys.executable,
-    "-m",
-    "snakemake",
-    "--snakefile",
-    str(REPO / "Snakefile"),
-    "--profile",
-    str(REPO / "workflow/profiles/default"),
-    "--cores",
-    "2",
-]
 
 
 def _free_port() -> int:
@@ -44,26 +31,6 @@ def _get(url: str, payload: dict | None = None) -> dict:
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """The whole smoke study, run by Snakemake as `make reproduce PRESET=smoke` would."""
-    workdir = tmp_path_factory.mktemp("smoke_run")
-    env_bin = str(Path(sys.executable).parent)
-    import os
-
-    env = {**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"}
-    started = time.time()
-    result = subprocess.run(
-        SNAKEMAKE + ["--configfile", str(REPO / "experiments/smoke.yaml"), "--directory", str(workdir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1200,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    return {"dir": workdir, "env": env, "seconds": time.time() - started}
 
 
 def test_no_file_the_dag_writes_is_committed():

@@ -1,6 +1,7 @@
 # Helpers shared by the rules: config validation, canonical names, output paths.
 import os
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from vlbert.config import study_seeds, study_settings
@@ -33,9 +34,16 @@ def preset_file():
     return files[0]
 
 
+# The cores a job that uses the whole machine takes: --cores where Snakemake runs the jobs here. A
+# cluster executor has no --cores; there each job's cores come from the profile (`set-threads`,
+# which the SLURM plugin turns into --cpus-per-task), and a rule it does not name takes one.
+try:
+    MACHINE_CORES = workflow.cores
+except WorkflowError:
+    MACHINE_CORES = 1
 # A sweep job takes cpus_per_trial x concurrent_trials cores, unless the profile sets its threads
 # (the default profile: one, so that it shares a small machine with another job).
-SWEEP_THREADS = min(workflow.cores, config.get("sweep", {}).get("cpus_per_trial", 1)
+SWEEP_THREADS = min(MACHINE_CORES, config.get("sweep", {}).get("cpus_per_trial", 1)
                     * config.get("sweep", {}).get("concurrent_trials", 1))
 SEEDS = study_seeds(config)
 # The settings of the preset's model families (`systems`): Table 4's rows, and the other systems'.

@@ -17,7 +17,7 @@ rule train_detector:
         data=lambda wc: f"{data_root(wc)}/detector",
         out=lambda wc, output: os.path.dirname(output.weights),
         depends=depends_on("seed", "detector"),
-    threads: workflow.cores
+    threads: MACHINE_CORES
     conda:
         CONDA_ENV
     shell:
@@ -42,7 +42,7 @@ rule extract_rois:
         detector=lambda wc, input: os.path.dirname(input.detector),
         depends=depends_on("features"),
     priority: extract_priority
-    threads: workflow.cores
+    threads: MACHINE_CORES
     conda:
         CONDA_ENV
     shell:

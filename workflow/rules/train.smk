@@ -22,7 +22,7 @@ rule bert_init:
         out=lambda wc, output: os.path.dirname(os.path.dirname(output[0])),
         device=DEVICE,
         depends=depends_on("seed", "model", "bert_init"),
-    threads: workflow.cores
+    threads: MACHINE_CORES
     resources:
         gpu=GPU,
     conda:
@@ -55,7 +55,7 @@ rule pretrain:
     # pre-training 29 minutes in, and its chain then ran alone at the end with the other core
     # idle for 4.5 minutes; with one priority for all, `full` (the longest) started third.
     priority: pretrain_priority
-    threads: workflow.cores
+    threads: MACHINE_CORES
     resources:
         gpu=GPU,
     conda:
@@ -83,7 +83,7 @@ rule tune_features:
         data=data_root,
         device=DEVICE,
     priority: pretrain_priority
-    threads: workflow.cores
+    threads: MACHINE_CORES
     resources:
         gpu=GPU,
     conda:
