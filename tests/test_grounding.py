@@ -10,6 +10,7 @@ from vlbert.engine.grounding import (
     img_attention_share,
     kind_vocabulary,
     mask_kind,
+    pixel_attention_share,
     probe_batches,
 )
 from vlbert.modeling.modeling_vlbert import IGNORE_INDEX
@@ -120,6 +121,29 @@ def test_attention_share_and_its_uniform_baseline_on_a_hand_made_batch():
     shares, baseline = img_attention_share([layer, uniform.unsqueeze(1)], batch, IMG)
     assert baseline.tolist() == pytest.approx([2 / 6, 1 / 5])
     torch.testing.assert_close(shares, torch.tensor([[(1 + 2 / 6) / 2, 2 / 6], [(1 + 1 / 5) / 2, 1 / 5]]))
+
+
+def test_pixel_bert_attention_share_maps_the_masked_words_through_the_text_slots():
+    """Pixel-BERT's encoder holds the words at the front (text_index), then the pixel tokens: a
+    masked word's share is the mass on the pixel tokens, its baseline their share of the attended."""
+    from types import SimpleNamespace
+
+    WORD = 9
+    batch = {"mlm_labels": torch.full((2, 6), IGNORE_INDEX)}  # input columns:
+    batch["mlm_labels"][0, 1] = WORD  # [CLS, MASK, SEP, IMG, END, PAD]
+    batch["mlm_labels"][1, 2] = WORD  # [CLS, WORD, MASK, SEP, IMG, END]
+    encoded = SimpleNamespace(
+        text_index=torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]]),
+        text_mask=torch.tensor([[True, True, True, False], [True, True, True, True]]),
+        pixels=SimpleNamespace(mask=torch.tensor([[True, True], [True, False]])),  # one padded cell
+    )
+    attended = torch.cat([encoded.text_mask, encoded.pixels.mask], 1).float()  # [2, 6]
+    focused = torch.zeros(2, 6, 6)
+    focused[:, :, 4] = 1  # all on the first pixel token
+    uniform = (attended / attended.sum(1, keepdim=True)).unsqueeze(1).expand(2, 6, 6)
+    shares, baseline = pixel_attention_share([torch.stack([focused, uniform], 1)], batch, encoded)
+    assert baseline.tolist() == pytest.approx([2 / 5, 1 / 5])
+    torch.testing.assert_close(shares, torch.tensor([[(1 + 2 / 5) / 2], [(1 + 1 / 5) / 2]]))
 
 
 def test_pretraining_report_holds_the_grounding_table_and_figure(tmp_path):

@@ -58,8 +58,13 @@ def test_a_system_pretrains_with_its_objectives_and_fine_tunes_every_task(smoke_
     summary = pretrain(context, SETTINGS[name], out)
     assert tracker.seen == EXPECTED_LOSSES[name]
     assert 0 <= summary["val"]["mlm_accuracy"] <= 100 and "ground_colour_own" in summary["val"]
-    config = json.loads((out / "best" / "config.json").read_text())
     family = SETTINGS[name].family
+    # Where words and visual elements share one attention (VL-BERT, Pixel-BERT), the probe
+    # measures the masked words' share of it on the visual elements; ViLBERT has no such share.
+    assert ("attention_img_share" in summary["val"]) == (family != "vilbert")
+    if family != "vilbert":
+        assert 0 <= summary["val"]["attention_img_share"] <= 1 and 0 < summary["val"]["attention_img_uniform"] < 1
+    config = json.loads((out / "best" / "config.json").read_text())
     assert config["model_type"] == family and config["architectures"] == [FAMILIES[family].pretraining_class]
     for task in TASKS:
         lr = "0.02" if task.startswith("vcr") else "0.001"

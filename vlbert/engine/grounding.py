@@ -8,7 +8,8 @@ grammar out of the guess: what is left is which colour, shape or size, which onl
 Own minus other is what the image adds, per kind.
 
 The probe also measures where the masked words look: the attention probability mass they put on
-[IMG] elements, per layer, against the share that uniform attention would give them.
+the visual elements they share one attention with (VL-BERT's [IMG] elements, Pixel-BERT's pixel
+tokens), per layer, against the share that uniform attention would give them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from ..data.synthetic.language import plural
 from ..data.synthetic.world import COLOURS, SHAPES, SIZES
+from ..modeling.modeling_pixelbert import PixelBertModel, PixelBertModelOutput
 from ..modeling.modeling_vlbert import IGNORE_INDEX, VLBertModel
 from .device import move_to
 from .pretrain import other_image_order
@@ -71,15 +73,40 @@ def probe_batch(collate, examples: list[dict], labels: list[list[int]], mask_id:
     return batch
 
 
+def attention_share(
+    attentions, visual_keys: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each query (a masked word): the attention mass it puts on the visual keys in every
+    layer (mean over heads), [queries, layers]; and the mass uniform attention over the keys it
+    attends would put there (the visual keys' share of them), [queries]. Masks are [B, L] over the
+    encoder's sequence."""
+    visual = visual_keys.float()
+    shares = torch.stack([torch.einsum("bqk,bk->bq", a.float().mean(1), visual)[queries] for a in attentions], -1)
+    uniform = visual.sum(1) / attended.float().sum(1)
+    return shares, uniform.unsqueeze(1).expand_as(queries)[queries]
+
+
 def img_attention_share(attentions, batch: dict, img_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each masked word: the attention mass it puts on [IMG] elements in every layer (mean over
-    heads), [masked, layers]; and the mass uniform attention over the elements it attends would
-    put there (the [IMG] elements' share of them), [masked]."""
-    is_img = (batch["input_ids"] == img_token_id).float()
-    masked = batch["mlm_labels"] != IGNORE_INDEX
-    shares = torch.stack([torch.einsum("bqk,bk->bq", a.float().mean(1), is_img)[masked] for a in attentions], -1)
-    uniform = is_img.sum(1) / batch["attention_mask"].float().sum(1)
-    return shares, uniform.unsqueeze(1).expand_as(masked)[masked]
+    """VL-BERT's: the masked words' attention on the [IMG] elements (see `attention_share`)."""
+    return attention_share(
+        attentions,
+        batch["input_ids"] == img_token_id,
+        batch["mlm_labels"] != IGNORE_INDEX,
+        batch["attention_mask"].bool(),
+    )
+
+
+def pixel_attention_share(attentions, batch: dict, encoded: PixelBertModelOutput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pixel-BERT's: the masked words' attention on the pixel tokens. Its encoder holds the words
+    moved to the front (`text_index`, the input column of each text slot), then the pixel tokens."""
+    labels = batch["mlm_labels"].gather(1, encoded.text_index).masked_fill(~encoded.text_mask, IGNORE_INDEX)
+    pixels = encoded.pixels.mask.bool()
+    return attention_share(
+        attentions,
+        torch.cat([torch.zeros_like(encoded.text_mask), pixels], 1),
+        torch.cat([labels != IGNORE_INDEX, torch.zeros_like(pixels)], 1),
+        torch.cat([encoded.text_mask, pixels], 1),
+    )
 
 
 @contextmanager
@@ -100,6 +127,17 @@ def recorded_attentions(bert):
         bert.set_attn_implementation(previous)
         for hook in hooks:
             hook.remove()
+
+
+@contextmanager
+def recorded_outputs(module):
+    """The outputs of `module`'s forwards run in the block."""
+    recorded = []
+    hook = module.register_forward_hook(lambda module, args, output: recorded.append(output))
+    try:
+        yield recorded
+    finally:
+        hook.remove()
 
 
 def probe_batches(
@@ -130,16 +168,19 @@ def grounding_probe(
 ) -> dict:
     """Per word kind: accuracy (%) among the kind's words with the own image and another's, their
     gain, chance (%), the number of masked words and of words skipped (several tokens); and the
-    attention share of the masked words on [IMG] elements per layer (own image), with its uniform
-    baseline. `examples` are the val captions ("text", "regions"), in validation's order."""
+    attention share of the masked words on the visual elements per layer (own image; single-stream
+    families), with its uniform baseline. `examples` are the val captions ("text", "regions"), in
+    validation's order."""
     model.eval()
     device = next(model.parameters()).device
     metrics, shares, uniform = {}, [], []
-    # The attention share is VL-BERT's: its words and [IMG] elements share one attention. A
-    # two-stream model's words reach the regions through co-attention, Pixel-BERT's through pixels.
-    single_stream = isinstance(model.base_model, VLBertModel)
-    recording = recorded_attentions(model.base_model.bert) if single_stream else nullcontext([])
-    with recording as attentions:
+    # Where the words and the visual elements share one attention: VL-BERT's [IMG] elements,
+    # Pixel-BERT's pixel tokens. A two-stream model's words reach the regions through co-attention.
+    base = model.base_model
+    single_stream = isinstance(base, (VLBertModel, PixelBertModel))
+    recording = recorded_attentions(base.bert) if single_stream else nullcontext([])
+    encoding = recorded_outputs(base) if isinstance(base, PixelBertModel) else nullcontext([])
+    with recording as attentions, encoding as encoded:
         for kind, words in WORD_KINDS.items():
             candidates = torch.tensor(sorted(set(kind_vocabulary(processor.tokenizer, words).values())), device=device)
             if not len(candidates):
@@ -154,15 +195,20 @@ def grounding_probe(
                 for image, batch in (("own", own), ("other", other)):
                     batch = move_to(batch, device)
                     attentions.clear()
+                    encoded.clear()
                     out = model(**batch)
                     targets = batch["mlm_labels"][batch["mlm_labels"] != IGNORE_INDEX]
                     right[image] += int((candidates[out.mlm_logits[:, candidates].argmax(-1)] == targets).sum())
                     if image == "own":
                         count += len(targets)
                     if image == "own" and single_stream:
-                        share, base = img_attention_share(attentions, batch, processor.img_token_id)
+                        share, baseline = (
+                            pixel_attention_share(attentions, batch, encoded[0])
+                            if encoded
+                            else img_attention_share(attentions, batch, processor.img_token_id)
+                        )
                         shares.append(share.cpu())
-                        uniform.append(base.cpu())
+                        uniform.append(baseline.cpu())
             own_accuracy, other_accuracy = (100 * right[i] / max(count, 1) for i in ("own", "other"))
             metrics.update(
                 {

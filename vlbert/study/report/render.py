@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ... import io
-from ...registry import SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
+from ...registry import FAMILIES, SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
 from .read import GROUNDING_KINDS, PRETRAINING_METRICS, latest_pretraining
 from .statistics import MISSING
 
@@ -223,9 +223,11 @@ def grounding_lines(run) -> list[str]:
         layers = []
         while (layer := _value(run, f"attention_img_share_layer{len(layers)}")) is not None:
             layers.append(layer)
+        family = FAMILIES[SETTINGS[run["setting"]].family] if run.get("setting") in SETTINGS else None
+        elements = "pixel tokens" if family and family.reads_pixels else "[IMG]"
         lines += [
             "",
-            f"Attention on [IMG] (own image, mean over layers and heads): {share:.3f}, uniform "
+            f"Attention on {elements} (own image, mean over layers and heads): {share:.3f}, uniform "
             f"{uniform:.3f}; per layer: " + ", ".join(f"{v:.3f}" for v in layers) + ".",
         ]
     return lines
