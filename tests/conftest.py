@@ -11,18 +11,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
+
+
+def snakemake_command(profile: Path, *args: str) -> list[str]:
+    """Snakemake on the repository's Snakefile, with a profile."""
+    snakefile = str(REPO / "Snakefile")
+    return [sys.executable, "-m", "snakemake", "--snakefile", snakefile, "--profile", str(profile), *args]
+
+
 # As `make reproduce` runs it: the default profile (one thread per job), on two cores.
-SNAKEMAKE = [
-    sys.executable,
-    "-m",
-    "snakemake",
-    "--snakefile",
-    str(REPO / "Snakefile"),
-    "--profile",
-    str(REPO / "workflow/profiles/default"),
-    "--cores",
-    "2",
-]
+SNAKEMAKE = snakemake_command(REPO / "workflow/profiles/default", "--cores", "2")
 
 
 @pytest.fixture(scope="session")

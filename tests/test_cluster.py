@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, snakemake_command
 from local_cluster import PARTITION, LocalCluster, why_unavailable
 
 from vlbert import registry
@@ -92,20 +92,7 @@ def cluster_preset(cluster, path: Path, **changes) -> Path:
 
 def snakemake(cluster, workdir: Path, profile: Path, preset: Path, *targets) -> subprocess.Popen:
     env = {**cluster.env, "PATH": f"{Path(sys.executable).parent}:{cluster.env['PATH']}"}
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--profile",
-        str(profile),
-        "--configfile",
-        str(preset),
-        "--directory",
-        str(workdir),
-        *targets,
-    ]
+    command = snakemake_command(profile, "--configfile", str(preset), "--directory", str(workdir), *targets)
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
