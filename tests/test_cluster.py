@@ -2,6 +2,7 @@
 one-node SLURM cluster by Snakemake's SLURM executor, its sweeps on a Ray head by address, its
 runs tracked on an MLflow server over PostgreSQL (tests/local_cluster.py starts them all)."""
 
+import io
 import json
 import subprocess
 import sys
@@ -25,7 +26,7 @@ SMOKE = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
 # The one-machine run's threads per rule: the thread count changes the numbers (the smoke detector's
 # weights part by up to 0.1 between one thread and two), so the cluster's jobs take the same.
 LOCAL_THREADS = yaml.safe_load((REPO / "workflow/profiles/default/config.yaml").read_text())["set-threads"]
-SACCT_FIELDS = "JobID,JobName%8,Comment%56,State,ExitCode,Elapsed,AllocCPUS,ReqMem"
+SACCT_COLUMNS = "JobID,JobName,Comment,State,ExitCode,Elapsed,AllocCPUS,ReqMem"
 
 
 # First: the module's cluster is not up yet.
@@ -97,14 +98,10 @@ def snakemake(cluster, workdir: Path, profile: Path, preset: Path, *targets) -> 
 
 
 def sacct(*args) -> pd.DataFrame:
-    out = subprocess.run(
-        ["sacct", "-X", "--parsable2", f"--format={SACCT_FIELDS.replace('%8', '').replace('%56', '')}", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    lines = [line.split("|") for line in out.strip().splitlines()]
-    return pd.DataFrame(lines[1:], columns=lines[0])
+    """The cluster's jobs as `sacct -X` lists them (the comment names each job's rule)."""
+    command = ["sacct", "-X", "--parsable2", f"--format={SACCT_COLUMNS}", *args]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return pd.read_csv(io.StringIO(out), sep="|", dtype=str, keep_default_na=False)
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +116,7 @@ def cluster_run(cluster, tmp_path_factory):
     seconds = time.time() - started
     (folder / "snakemake.log").write_text(log)
     assert process.returncode == 0, log[-6000:]
-    listing = subprocess.run(["sacct", "-X", f"--format={SACCT_FIELDS}"], capture_output=True, text=True).stdout
-    print(f"the smoke study through SLURM: {seconds:.0f} s\n{listing}")
+    print(f"the smoke study through SLURM: {seconds:.0f} s\n{sacct().to_string(index=False)}")
     return {"dir": workdir, "log": log, "seconds": seconds, "profile": profile, "preset": preset}
 
 
