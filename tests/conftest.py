@@ -180,7 +180,7 @@ def tiny_store(path, keys=("1",), **attrs):
 
     import numpy as np
 
-    from vlbert.data.feature_store import merge_shards, write_shard
+    from vlbert.data.feature_store import write_shard
 
     results = [
         SimpleNamespace(
@@ -195,8 +195,5 @@ def tiny_store(path, keys=("1",), **attrs):
         )
         for k in range(len(keys))
     ]
-    shard = path.with_name(path.name + ".shard.npz")
-    write_shard(shard, list(keys), results, [])
-    merge_shards([shard], path, {"mode": "detected", "feature_dim": 8, **attrs})
-    shard.unlink()
+    write_shard(path, list(keys), results, [], {"mode": "detected", "feature_dim": 8, **attrs})  # one shard: a store
     return path

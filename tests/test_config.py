@@ -73,3 +73,17 @@ def test_invalid_yaml_names_the_line(tmp_path):
     path.write_text("name: smoke\nseed: [0\n")
     with pytest.raises(ConfigError, match=r"broken\.yaml:\d+: invalid YAML"):
         load_config(path)
+
+
+def test_loading_section_is_not_part_of_a_run_identity():
+    """How batches are built does not change them: the paper's loader workers live outside
+    `training`, which checkpoints and the workflow's rules depend on."""
+    from vlbert.engine.loop import LoopConfig, loading_options
+
+    config = load_config(REPO / "experiments" / "paper.yaml")
+    assert "workers" in config["loading"] and not {"workers", "loader_workers"} & set(config["training"])
+    loop = LoopConfig(1, 1, **config["training"], **loading_options(config))
+    assert (loop.loader_workers, loop.prefetch_batches) == (
+        config["loading"]["workers"],
+        config["loading"]["prefetch_batches"],
+    )

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, tiny_store
+from torchvision.ops import batched_nms
 
 from vlbert.cli import main
 from vlbert.data.errors import DataFormatError
@@ -76,6 +77,42 @@ def test_rule_numbers_are_configurable():
         BoxRule(min_boxes=5, max_boxes=4)
 
 
+def _rule_over_all_pairs(boxes, probs, rule):
+    """bottom-up-attention's rule written plainly: NMS of every class over every proposal."""
+    n, classes = probs.shape
+    flat_scores = probs[:, 1:].reshape(-1)
+    keep = batched_nms(
+        boxes.repeat_interleave(classes - 1, dim=0), flat_scores, torch.arange(classes - 1).repeat(n), rule.nms_iou
+    )
+    confidence = torch.zeros(n).scatter_reduce(0, keep // (classes - 1), flat_scores[keep], reduce="amax")
+    order = torch.argsort(confidence, descending=True, stable=True)
+    count = min(max(int((confidence > rule.score_threshold).sum()), rule.min_boxes), rule.max_boxes, n)
+    return order[:count], confidence[order[:count]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    "rule",
+    [
+        BoxRule(),
+        BoxRule(min_boxes=2),
+        BoxRule(score_threshold=0.6, min_boxes=40),
+        BoxRule(min_boxes=150, max_boxes=150),
+    ],
+)
+def test_rule_equals_nms_over_every_class_and_proposal(rule, seed):
+    """The rule runs NMS only over (box, class) pairs above a floor it lowers as the top-up needs:
+    the same boxes, order and confidences as over all pairs, on clustered proposals."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.rand(12, 2, generator=generator) * 200
+    corner = centres[torch.randint(0, 12, (300,), generator=generator)] + torch.randn(300, 2, generator=generator) * 6
+    boxes = torch.cat([corner, corner + 10 + torch.rand(300, 2, generator=generator) * 40], 1)
+    probs = (torch.randn(300, 21, generator=generator) * 2.5).softmax(-1)
+    expected, expected_confidence = _rule_over_all_pairs(boxes, probs, rule)
+    kept, confidence = select_boxes(boxes, probs, rule)
+    assert torch.equal(kept, expected) and torch.equal(confidence, expected_confidence)
+
+
 def test_extraction_applies_the_rule_plus_the_whole_image(backend, smoke_world):
     items = image_items(smoke_world / "vqa", "vqa", "val2014")[:6]
     from vlbert.data.images import load_image
@@ -113,7 +150,17 @@ def _read_all(path):
         return {name: f[name][()] for name in f}, dict(f.attrs)
 
 
-def test_killed_extraction_resumes_to_the_same_file(smoke_detector, smoke_world, tmp_path):
+def _assert_same_files(a, b):
+    found, expected = _read_all(a), _read_all(b)
+    assert found[0].keys() == expected[0].keys()
+    for name in expected[0]:
+        assert np.array_equal(found[0][name], expected[0][name]), (a, name)
+    assert found[1] == expected[1]
+
+
+def test_killed_chunk_resumes_to_the_same_store(smoke_detector, smoke_world, tmp_path):
+    """The smoke preset's caption store is 8 shards of 16 images in 2 chunks: chunk 1 killed after
+    its first shard, run again, then chunk 2 and the index, equals one uninterrupted extraction."""
     command = [
         sys.executable,
         "-m",
@@ -135,25 +182,29 @@ def test_killed_extraction_resumes_to_the_same_file(smoke_detector, smoke_world,
         "--threads",
         "1",
     ]
-    parts = tmp_path / "killed.h5.parts"
-    process = subprocess.Popen(command + ["--out", str(tmp_path / "killed.h5")])
+    killed, shards = tmp_path / "killed.h5", tmp_path / "killed.shards"
+    process = subprocess.Popen(command + ["--out", str(killed), "--chunk", "1-of-2"])
     deadline = time.time() + 120
-    while len(list(parts.glob("shard_*.npz"))) < 5:
-        assert process.poll() is None and time.time() < deadline, "extraction ended before it could be killed"
+    while not list(shards.glob("shard_*.h5")):
+        assert process.poll() is None and time.time() < deadline, "the chunk ended before it could be killed"
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    done_before = len(list(parts.glob("shard_*.npz")))
-    assert not (tmp_path / "killed.h5").exists() and 5 <= done_before < 60
-    subprocess.run(command + ["--out", str(tmp_path / "killed.h5")], check=True)
+    done_before = {p.name: p.stat().st_mtime_ns for p in shards.glob("shard_*.h5")}
+    assert 1 <= len(done_before) < 4 and not (shards / "chunk_1-of-2.json").exists()
+    for chunk in ("1-of-2", "2-of-2"):
+        subprocess.run(command + ["--out", str(killed), "--chunk", chunk], check=True)
+    assert {p.name: p.stat().st_mtime_ns for p in shards.glob("shard_*.h5") if p.name in done_before} == done_before
+    manifests = [str(shards / f"chunk_{c}.json") for c in ("2-of-2", "1-of-2")]
+    subprocess.run([sys.executable, "-m", "vlbert.cli", "index-store", "--out", str(killed), *manifests], check=True)
     subprocess.run(command + ["--out", str(tmp_path / "straight.h5")], check=True)
-    killed, killed_attrs = _read_all(tmp_path / "killed.h5")
-    straight, straight_attrs = _read_all(tmp_path / "straight.h5")
-    assert killed.keys() == straight.keys()
-    for name in straight:
-        assert np.array_equal(killed[name], straight[name]), name
-    assert killed_attrs == straight_attrs
-    assert not parts.exists()
+    _assert_same_files(killed, tmp_path / "straight.h5")
+    straight_shards = sorted((tmp_path / "straight.shards").glob("shard_*.h5"))
+    assert [p.name for p in straight_shards] == [f"shard_{k:06d}.h5" for k in range(8)]
+    for path in straight_shards:
+        _assert_same_files(shards / path.name, path)
+    with FeatureStore(killed) as store:
+        assert len(store) == 120 and len(store.keys) == len(set(store.keys))
 
 
 # ---- bad images ------------------------------------------------------------------------------
@@ -179,7 +230,7 @@ def test_bad_images_skipped_are_counted_and_recorded(backend, items_with_a_corru
     summary = extract_to_store(
         backend, items_with_a_corrupt_image, tmp_path / "f.h5", batch_size=2, on_bad_image="skip", progress=False
     )
-    assert summary == {"images": 3, "regions": summary["regions"], "skipped": 2}
+    assert summary == {"images": 3, "regions": summary["regions"], "skipped": 2, "shards": 1}
     with FeatureStore(tmp_path / "f.h5") as store:
         assert store.attrs["num_skipped"] == 2 and len(store) == 3
         skipped = dict(store.skipped)

@@ -276,3 +276,26 @@ def test_a_study_killed_at_a_random_moment_finishes_with_the_same_table(smoke_ru
     reference = smoke_run["dir"] / "reports" / "smoke" / "table4.csv"
     healed = tmp_path / "reports" / "smoke" / "table4.csv"
     assert healed.read_text() == reference.read_text(), f"VLBERT_KILL_SEED={seed}"
+
+
+def test_paper_dry_run_scatters_extraction_into_chunks(tmp_path):
+    """At paper scale each split's extraction is `features.chunks` jobs (a GPU each on a cluster),
+    gathered by one index job a store."""
+    paper = yaml.safe_load((REPO / "experiments/paper.yaml").read_text())
+    chunks = paper["features"]["chunks"]
+    result = subprocess.run(
+        SNAKEMAKE + ["-n", "--configfile", str(REPO / "experiments/paper.yaml"), "--directory", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    commands = [line for line in result.stdout.splitlines() if line.startswith("Shell command: vlbert extract-rois")]
+    by_store: dict[str, set[str]] = {}
+    for command in commands:
+        out = command.split("--out ")[1].split()[0]
+        by_store.setdefault(out.rsplit("/", 1)[1], set()).add(command.split("--chunk ")[1].split()[0])
+    assert chunks > 1 and set(by_store) == {f"{store.name}.h5" for store in registry.FEATURE_STORES}
+    assert all(found == {f"{k}-of-{chunks}" for k in range(1, chunks + 1)} for found in by_store.values())
+    assert all("--device cuda" in command for command in commands)
+    indexes = [line for line in result.stdout.splitlines() if line.startswith("Shell command: vlbert index-store")]
+    assert len(indexes) == len(by_store) and all(line.count("chunk_") == chunks for line in indexes)

@@ -15,7 +15,7 @@ import torch
 from conftest import REPO
 
 from vlbert.cli import main
-from vlbert.data.feature_store import merge_shards, write_shard
+from vlbert.data.feature_store import write_shard
 
 PRESET = REPO / "experiments" / "smoke.yaml"
 FEATURE_DIM = 8
@@ -57,12 +57,13 @@ def runs(tmp_path_factory):
                 height=96,
             )
         )
-    shard = root / "shard.npz"
-    write_shard(shard, keys, results, [])
-    merge_shards(
-        [shard],
+    write_shard(
         root / "features" / "vcr.test.gt.h5",
+        keys,
+        results,
+        [],
         {"dataset": "vcr", "split": "test", "mode": "gt", "feature_dim": FEATURE_DIM},
+        dtype="float32",
     )
 
     tokenizer = default_tokenizer_path()

@@ -116,8 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add_verb(verbs, "extract-rois", runs.extract_rois, "detect regions and store their features (HDF5)")
     p.add_argument("--dataset", required=True, choices=list(IMAGE_SPLITS))
     p.add_argument("--split", required=True, help="; ".join(f"{d}: {', '.join(s)}" for d, s in IMAGE_SPLITS.items()))
-    p.add_argument("--out", required=True, help="HDF5 file to write")
+    p.add_argument("--out", required=True, help="the store's HDF5 index to write (its shards go to <name>.shards/)")
     p.add_argument("--detector", help="folder written by `vlbert train-detector` (torchvision backend)")
+    p.add_argument(
+        "--chunk",
+        help="only chunk N-of-M of the split's shards, and its manifest (the workflow's scatter); "
+        "`vlbert index-store` then writes the index",
+    )
     _add_data_argument(p)
     p.add_argument("--gt-boxes", action="store_true", help="features of the data set's own boxes (VCR, RefCOCO+)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -130,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="only the first N images (quick looks)")
     _add_quiet_argument(p)
     _add_runtime_arguments(p)
+
+    p = _add_verb(
+        verbs, "index-store", runs.index_store, "write a store's index over its chunks' shards (gather)", preset=False
+    )
+    p.add_argument("--out", required=True, help="the store's HDF5 index, as given to extract-rois --out")
+    p.add_argument("manifests", nargs="+", help="every chunk's manifest, <name>.shards/chunk_N-of-M.json")
 
     p = _add_verb(verbs, "bert-init", runs.bert_init, "pre-train the small BERT on the text corpus (embedded default)")
     p.add_argument("--out", required=True, help="output folder; the checkpoint lands in OUT/bert")

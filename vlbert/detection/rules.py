@@ -25,22 +25,44 @@ class BoxRule:
             raise ValueError(f"need 1 <= min_boxes <= max_boxes, got {self.min_boxes}, {self.max_boxes}")
 
 
+def _confidence(boxes: torch.Tensor, foreground: torch.Tensor, rule: BoxRule, floor: float) -> torch.Tensor:
+    """Each proposal's confidence, exact wherever it is above `floor` (0 elsewhere).
+
+    Per-class NMS keeps a box unless a kept box of higher score overlaps it, so the boxes of a
+    class scored above `floor` are kept or not whatever happens below it: NMS over the (box,
+    class) pairs above the floor gives the exact confidence of every box whose confidence is
+    above it, at a fraction of the cost of NMS over all P x C pairs.
+    """
+    n, classes = foreground.shape
+    pairs = (foreground > floor).nonzero() if floor > 0 else None
+    if pairs is None:
+        flat_boxes, flat_scores = boxes.repeat_interleave(classes, dim=0), foreground.reshape(-1)
+        box_of, class_of = torch.arange(n).repeat_interleave(classes), torch.arange(classes).repeat(n)
+    else:
+        box_of, class_of = pairs[:, 0], pairs[:, 1]
+        flat_boxes, flat_scores = boxes[box_of], foreground[box_of, class_of]
+    keep = batched_nms(flat_boxes, flat_scores, class_of, rule.nms_iou)
+    return torch.zeros(n).scatter_reduce(0, box_of[keep], flat_scores[keep], reduce="amax")
+
+
 def select_boxes(boxes: torch.Tensor, probs: torch.Tensor, rule: BoxRule) -> tuple[torch.Tensor, torch.Tensor]:
     """boxes [P, 4], probs [P, C+1] (column 0: background) -> (kept indices, their confidences).
 
     Kept indices are ordered by decreasing confidence.
     """
-    n, classes = probs.shape
+    n = probs.shape[0]
     if n == 0:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0)
     foreground = probs[:, 1:]
-    flat_boxes = boxes.repeat_interleave(classes - 1, dim=0)
-    flat_scores = foreground.reshape(-1)
-    flat_classes = torch.arange(classes - 1).repeat(n)
-    keep = batched_nms(flat_boxes, flat_scores, flat_classes, rule.nms_iou)
-    confidence = torch.zeros(n).scatter_reduce(0, keep // (classes - 1), flat_scores[keep], reduce="amax")
-    order = torch.argsort(confidence, descending=True, stable=True)
+    confidence = _confidence(boxes, foreground, rule, rule.score_threshold)
     above = int((confidence > rule.score_threshold).sum())
     count = min(max(above, rule.min_boxes), rule.max_boxes, n)
+    # Topped up from below the threshold: lower the floor until it leaves `count` boxes above it
+    # (all of them exact), down to none.
+    floor = rule.score_threshold
+    while count > int((confidence > floor).sum()):
+        floor = floor / 8 if floor > 1e-4 else 0.0
+        confidence = _confidence(boxes, foreground, rule, floor)
+    order = torch.argsort(confidence, descending=True, stable=True)
     kept = order[:count]
     return kept, confidence[kept]

@@ -20,7 +20,7 @@ from ..modeling.processing_vlbert import VLBertProcessor, wordpiece_from_texts
 from ..tasks.pretraining import CorpusDataset, TextOnlyCollator
 from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
-from .loop import LoopConfig, LoopSteps, TrainingLoop
+from .loop import LoopConfig, LoopSteps, TrainingLoop, loading_options
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
 
@@ -137,7 +137,7 @@ def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool =
         model,
         optimizer,
         scheduler,
-        LoopConfig(epochs, batches, progress=progress, **preset.get("training", {})),
+        LoopConfig(epochs, batches, progress=progress, **preset.get("training", {}), **loading_options(preset)),
         out,
         LoopSteps(make_batch, loss_fn),
         [Tracking(tracker), BestEpoch()],

@@ -22,7 +22,7 @@ from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
 from .context import TrainingContext
 from .device import move_to
-from .loop import LoopConfig, LoopSteps, TrainingLoop, loop_speed
+from .loop import LoopConfig, LoopSteps, TrainingLoop, loading_options, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order
 from .tuned_features import check_store_features
@@ -131,7 +131,14 @@ def finetune(
         wrap(model, device),
         optimizer,
         scheduler,
-        LoopConfig(epochs, batches, max_steps=max_steps, progress=context.progress, **preset.get("training", {})),
+        LoopConfig(
+            epochs,
+            batches,
+            max_steps=max_steps,
+            progress=context.progress,
+            **preset.get("training", {}),
+            **loading_options(preset),
+        ),
         out,
         LoopSteps(make_batch, loss_fn, evaluate),
         # A sweep's Ray reporting (context.callbacks) comes before the best epoch is saved.

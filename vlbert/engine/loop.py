@@ -12,15 +12,25 @@ in one line (a callback may refuse it too: `BestEpoch` does when a finished run'
 are gone and were not its last epoch's; a finished run re-run writes them again otherwise).
 
 Under torchrun each process takes every world_size-th batch and DDP averages the gradients.
+
+Batches are built ahead of the step that trains on them: by one background thread, one batch
+ahead (the preset's `loading.workers: 0`), or by that many forked processes (a DataLoader per
+epoch), each `loading.prefetch_batches` ahead, into pinned memory on CUDA. Either way they are the same batches in the
+same order: `make_batch` draws its randomness from generators of (seed, epoch, batch) (seeding.py),
+never from a process's global RNG, and it runs in the workers on the CPU only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import multiprocessing
 import shutil
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +64,17 @@ class LoopConfig:
     max_steps: int | None = None  # stop early (benchmarks, quick looks): no validation
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
     progress: bool = True  # a progress bar (on the main process only)
+    loader_workers: int = 0  # processes building batches; 0: one background thread, one batch ahead
+    prefetch_batches: int = 2  # batches each worker builds ahead (with loader_workers)
+    pin_memory: bool | None = None  # batches in pinned memory (with loader_workers; CUDA only); None: on CUDA
+
+
+def loading_options(preset: dict) -> dict:
+    """The preset's `loading` section as LoopConfig fields. It is kept out of `training` (and so
+    out of a run's identity): how batches are built does not change them."""
+    loading = preset.get("loading", {})
+    names = {"workers": "loader_workers", "prefetch_batches": "prefetch_batches", "pin_memory": "pin_memory"}
+    return {names[key]: value for key, value in loading.items()}
 
 
 @dataclass
@@ -77,6 +98,54 @@ class LoopState:
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
+
+
+def _as_is(item):
+    """The DataLoader's collate_fn: a batch comes as make_batch built it (no numpy conversion)."""
+    return item
+
+
+def _pinned(obj, memo: dict):
+    """`obj` with its tensors in pinned memory; a tensor it holds several times stays one tensor
+    (as move_to keeps it: Pixel-BERT runs an image given several times through its CNN once)."""
+    if isinstance(obj, torch.Tensor):
+        if id(obj) not in memo:
+            memo[id(obj)] = obj.pin_memory()
+        return memo[id(obj)]
+    if isinstance(obj, dict):
+        return {k: _pinned(v, memo) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_pinned(v, memo) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(
+            obj, **{f.name: _pinned(getattr(obj, f.name), memo) for f in dataclasses.fields(obj)}
+        )
+    return obj
+
+
+class _Built:
+    """A batch from a loader worker. The DataLoader's pinning thread calls its pin_memory, which
+    pins what move_to moves (the DataLoader's own pinning skips dataclasses and copies a tensor
+    once per place it is held)."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def pin_memory(self, device=None):
+        return _Built(_pinned(self.batch, {}))
+
+
+class _EpochBatches(torch.utils.data.Dataset):
+    """Item i: batch todo[i] of `epoch`, for the loader workers."""
+
+    def __init__(self, make_batch: Callable[[int, int], dict], epoch: int, todo: list[int]):
+        self.make_batch, self.epoch, self.todo = make_batch, epoch, todo
+
+    def __len__(self) -> int:
+        return len(self.todo)
+
+    def __getitem__(self, i: int) -> _Built:
+        return _Built(self.make_batch(self.epoch, self.todo[i]))
 
 
 class TrainingLoop:
@@ -107,10 +176,20 @@ class TrainingLoop:
         self.not_resumed = None  # why the training starts from the beginning, when it does
         if config.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {config.precision!r}")
+        if config.loader_workers < 0 or config.prefetch_batches < 1:
+            raise ValueError(
+                f"loading.workers must be >= 0 and loading.prefetch_batches >= 1, got {config.loader_workers} "
+                f"and {config.prefetch_batches}"
+            )
+        if config.loader_workers and not sys.platform.startswith("linux"):
+            # Workers are forked so that they share the stage's make_batch (a closure: not picklable).
+            raise ValueError(f"loading.workers needs Linux (forked workers), not {sys.platform}: set it to 0")
         self.device = next(model.parameters()).device
         self.device_type = self.device.type
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=config.precision == "fp16")
+        # Pinned memory only speeds up copies to a GPU (and needs one).
+        self.pin_memory = config.pin_memory is not False and self.device_type == "cuda"
         self.data_wait = 0.0  # seconds the loop waited for a batch to be ready
         self.step_time = 0.0  # seconds from asking for a batch to the end of its optimiser step
         self.steps_timed = 0
@@ -179,6 +258,40 @@ class TrainingLoop:
         usable = self.config.batches_per_epoch - self.config.batches_per_epoch % world_size()
         return list(range(rank(), usable, world_size()))
 
+    def _thread_batches(self, pool: ThreadPoolExecutor, epoch: int, todo: list[int]) -> Iterator[dict]:
+        """The batches `todo` of `epoch` in order, each built in `pool` while the one before trains."""
+        pending = pool.submit(self.make_batch, epoch, todo[0]) if todo else None
+        for position in range(len(todo)):
+            batch = pending.result()
+            if position + 1 < len(todo):  # build the next batch while this one trains
+                pending = pool.submit(self.make_batch, epoch, todo[position + 1])
+            yield batch
+
+    def _worker_batches(self, epoch: int, todo: list[int]) -> Iterator[dict]:
+        """The batches `todo` of `epoch` in order, built by `loader_workers` forked processes (a
+        loader per epoch: its list of batches is its own), pinned on CUDA."""
+        if not todo:
+            return
+        loader = torch.utils.data.DataLoader(
+            _EpochBatches(self.make_batch, epoch, todo),
+            batch_size=None,
+            shuffle=False,
+            collate_fn=_as_is,
+            num_workers=self.config.loader_workers,
+            prefetch_factor=self.config.prefetch_batches,
+            pin_memory=self.pin_memory,
+            multiprocessing_context=multiprocessing.get_context("fork"),
+            # The workers' seeds come from this generator, not from the global RNG (which the
+            # checkpoint keeps for dropout): a loader leaves the training's randomness as it was.
+            generator=torch.Generator(),
+        )
+        built = iter(loader)
+        try:
+            for item in built:
+                yield item.batch
+        finally:
+            del built  # its workers stop now, not when the loop is collected
+
     def _step(self, batch: dict) -> dict:
         self.model.train()
         batch = move_to(batch, self.device)
@@ -212,7 +325,7 @@ class TrainingLoop:
         for callback in self.callbacks:
             callback.on_train_start(self, resumed)
         mine = self._batch_indices()
-        with ThreadPoolExecutor(max_workers=1) as loader:
+        with ThreadPoolExecutor(max_workers=1) as pool:  # its thread starts with its first batch
             while self.state.epoch < self.config.epochs:
                 epoch = self.state.epoch
                 todo = mine[self.state.batch :]
@@ -223,32 +336,34 @@ class TrainingLoop:
                     disable=not self.progress,
                     leave=False,
                 )
-                pending = loader.submit(self.make_batch, epoch, todo[0]) if todo else None
-                for position, _ in enumerate(todo):
-                    waited = time.perf_counter()
-                    batch = pending.result()
-                    started = time.perf_counter()
-                    self.data_wait += started - waited
-                    if position + 1 < len(todo):  # build the next batch while this one trains
-                        pending = loader.submit(self.make_batch, epoch, todo[position + 1])
-                    logs = self._step(batch)
-                    self.step_time += time.perf_counter() - waited
-                    self.steps_timed += 1
-                    self.state.step += 1
-                    self.state.batch += 1
-                    bar.update(1)
-                    if self.state.step % self.config.log_every == 0:
-                        logs |= {
-                            "lr": self.scheduler.get_last_lr()[0],
-                            "data_wait_share": self.data_wait / max(self.step_time, 1e-9),
-                        }
-                        for callback in self.callbacks:
-                            callback.on_log(self, logs)
-                    if self.state.step % self.config.checkpoint_every == 0 and self.state.batch < len(mine):
-                        self.save()
-                    if self.config.max_steps is not None and self.state.step >= self.config.max_steps:
-                        bar.close()
-                        return self._end_training()
+                if self.config.loader_workers:
+                    built = self._worker_batches(epoch, todo)
+                else:
+                    built = self._thread_batches(pool, epoch, todo)
+                with closing(built) as batches:  # a loader's workers stop with the epoch
+                    for _ in todo:
+                        waited = time.perf_counter()
+                        batch = next(batches)
+                        started = time.perf_counter()
+                        self.data_wait += started - waited
+                        logs = self._step(batch)
+                        self.step_time += time.perf_counter() - waited
+                        self.steps_timed += 1
+                        self.state.step += 1
+                        self.state.batch += 1
+                        bar.update(1)
+                        if self.state.step % self.config.log_every == 0:
+                            logs |= {
+                                "lr": self.scheduler.get_last_lr()[0],
+                                "data_wait_share": self.data_wait / max(self.step_time, 1e-9),
+                            }
+                            for callback in self.callbacks:
+                                callback.on_log(self, logs)
+                        if self.state.step % self.config.checkpoint_every == 0 and self.state.batch < len(mine):
+                            self.save()
+                        if self.config.max_steps is not None and self.state.step >= self.config.max_steps:
+                            bar.close()
+                            return self._end_training()
                 bar.close()
                 self._end_epoch()
         return self._end_training()

@@ -28,7 +28,7 @@ from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
 from .context import TrainingContext
 from .device import move_to
-from .loop import LoopConfig, LoopSteps, TrainingLoop, loop_speed
+from .loop import LoopConfig, LoopSteps, TrainingLoop, loading_options, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
 
@@ -218,7 +218,14 @@ def pretrain(context: TrainingContext, setting, out, max_steps: int | None = Non
         wrap(model, device),
         optimizer,
         scheduler,
-        LoopConfig(epochs, batches, max_steps=max_steps, progress=context.progress, **preset.get("training", {})),
+        LoopConfig(
+            epochs,
+            batches,
+            max_steps=max_steps,
+            progress=context.progress,
+            **preset.get("training", {}),
+            **loading_options(preset),
+        ),
         out,
         LoopSteps(make_batch, loss_fn, evaluate),
         [Tracking(tracker), *context.callbacks, BestEpoch()],  # the last epoch's weights are the best

@@ -5,7 +5,7 @@ features. Fine-tuning keeps Fast R-CNN frozen, so its features are fixed after p
 are computed here once per store, for the same regions, and every fine-tuning run of the setting
 (sweep trials and seeds alike) reads them, instead of running the backbone in each step of each run.
 
-Shards as in `vlbert.detection.extract`: a killed run resumes, and ends with the same file.
+Shards as in `vlbert.detection.extract`: a killed run resumes, and ends with the same files.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 from tqdm import tqdm
 
 from ..data.errors import DataFormatError
-from ..data.feature_store import ARRAYS, FeatureStore, finish_shards, plain_attr, shard_paths, write_shard
+from ..data.feature_store import FeatureStore, plain_attr, shards_folder, write_index, write_shard
 from ..data.images import load_image
+from ..detection.extract import SHARD_FINGERPRINT, shard_is_done
 from .checkpoint import file_identity
 
 TUNED_BY = "tuned_by"  # store attribute: the pre-trained checkpoint whose Fast R-CNN made the features
@@ -32,8 +33,8 @@ def weights_identity(pretrained) -> str | None:
     return file_identity(Path(pretrained) / "model.safetensors")
 
 
-def _fingerprint(source: Path, pretrained: Path, batch_size: int) -> str:
-    parts = [str(source.resolve()), str(batch_size)]
+def _fingerprint(source: Path, pretrained: Path, batch_size: int, keys: list[str]) -> str:
+    parts = [str(source.resolve()), str(batch_size), *keys]
     for path in (source, pretrained / "model.safetensors"):
         stat = path.stat()
         parts += [str(stat.st_size), str(stat.st_mtime_ns)]
@@ -42,39 +43,60 @@ def _fingerprint(source: Path, pretrained: Path, batch_size: int) -> str:
 
 @torch.no_grad()
 def tune_store(
-    fast_rcnn, pretrained, source, image_paths: dict[str, Path], out, batch_size: int = 32, progress: bool = True
+    fast_rcnn,
+    pretrained,
+    source,
+    image_paths: dict[str, Path],
+    out,
+    batch_size: int = 32,
+    images_per_shard: int = 1000,
+    progress: bool = True,
 ) -> dict:
-    """Write `out`: the regions of store `source`, their features from `fast_rcnn` (in eval mode).
+    """Write the store `out`: the regions of store `source`, their features from `fast_rcnn` (in
+    eval mode), in the source's feature dtype and class top-k.
 
     image_paths maps each image key of the store to its file.
     """
     source, out, pretrained = Path(source), Path(out), Path(pretrained)
-    store = FeatureStore(source, preload=True)
-    missing = [k for k in store.keys if k not in image_paths]
+    store = FeatureStore(source)
+    keys = store.keys
+    missing = [k for k in keys if k not in image_paths]
     if missing:
         raise FileNotFoundError(f"{source}: no image file known for {len(missing)} images, e.g. {missing[0]!r}")
-    fast_rcnn.eval()
-    batches = [store.keys[k : k + batch_size] for k in range(0, len(store.keys), batch_size)]
-    shards = shard_paths(out, _fingerprint(source, pretrained, batch_size), len(batches))
-    for keys, shard in tqdm(
-        list(zip(batches, shards)), desc=f"tuned features {out.name}", unit="batch", disable=not progress
-    ):
-        if shard.exists():
-            continue
-        items = [store[key] for key in keys]
-        features = fast_rcnn(
-            [load_image(image_paths[key]) for key in keys], [torch.from_numpy(item["boxes"]) for item in items]
-        )
-        results = [
-            SimpleNamespace(**{name: item[name] for name in ARRAYS}, width=item["width"], height=item["height"])
-            for item in items
-        ]
-        for result, tuned in zip(results, features):
-            result.features = tuned.float().numpy()
-        write_shard(shard, keys, results, [])
-    attrs = {k: plain_attr(v) for k, v in store.attrs.items() if k not in ("skipped", "num_skipped", "num_images")}
+    attrs = {
+        k: plain_attr(v)
+        for k, v in store.attrs.items()
+        if k not in ("skipped", "num_skipped", "num_images", SHARD_FINGERPRINT)
+    }
     attrs[TUNED_BY], attrs[TUNED_BY_WEIGHTS] = str(pretrained.resolve()), weights_identity(pretrained)
-    return finish_shards(shards, out, attrs)
+    dtype = str(attrs.get("feature_dtype", "float32"))
+    topk = int(attrs.get("class_topk", 0)) or None
+    fast_rcnn.eval()
+    folder = shards_folder(out)
+    shards = [keys[k : k + images_per_shard] for k in range(0, len(keys), images_per_shard)]
+    paths = []
+    with tqdm(total=len(keys), desc=f"tuned features {out.name}", unit="img", disable=not progress) as bar:
+        for number, shard_keys in enumerate(shards):
+            path = folder / f"shard_{number:06d}.h5"
+            paths.append(path)
+            fingerprint = _fingerprint(source, pretrained, batch_size, shard_keys)
+            if shard_is_done(path, fingerprint):
+                bar.update(len(shard_keys))
+                continue
+            results = []
+            for k in range(0, len(shard_keys), batch_size):
+                batch = shard_keys[k : k + batch_size]
+                items = [store[key] for key in batch]
+                features = fast_rcnn(
+                    [load_image(image_paths[key]) for key in batch],
+                    [torch.from_numpy(item["boxes"]) for item in items],
+                )
+                for item, tuned in zip(items, features):
+                    results.append(SimpleNamespace(**{**item, "features": tuned.float().numpy()}))
+                bar.update(len(batch))
+            write_shard(path, shard_keys, results, [], {**attrs, SHARD_FINGERPRINT: fingerprint}, dtype, topk)
+    store.close()
+    return write_index(out, paths)
 
 
 def image_paths_for(config: dict, store_path) -> dict[str, Path]:

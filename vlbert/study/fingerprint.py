@@ -43,9 +43,12 @@ STAGES: list[tuple[str, list[str]]] = [
     ("data", [f"{_rel(_LAYOUT.data)}/*/**/*"]),
     ("bert_init", [f"{_rel(_LAYOUT.bert)}/*"]),
     ("detector", [f"{_rel(_LAYOUT.detector)}/*"]),
-    ("features", [f"{_rel(_LAYOUT.features)}/*.h5"]),
+    ("features", [f"{_rel(_LAYOUT.features)}/*.h5", f"{_rel(_LAYOUT.features)}/*.shards/*.h5"]),
     ("pretrain", [f"{_rel(_LAYOUT.pretrained(_SETTING))}/*", f"{_rel(_LAYOUT.pretrain(_SETTING))}/metrics.json"]),
-    ("tuned_features", [f"{_rel(_LAYOUT.tuned_features(_SETTING))}/*.h5"]),
+    (
+        "tuned_features",
+        [f"{_rel(_LAYOUT.tuned_features(_SETTING))}/*.h5", f"{_rel(_LAYOUT.tuned_features(_SETTING))}/*.shards/*.h5"],
+    ),
     ("sweep", [_rel(_LAYOUT.sweep_best(_SETTING, "*"))]),
     ("finetune", [f"{_rel(_LAYOUT.finetune_run(_SETTING, '*', '*'))}/{name}" for name in _FINETUNE_FILES]),
 ]

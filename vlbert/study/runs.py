@@ -66,7 +66,7 @@ def extract_rois(args) -> int:
 
     from ..config import dataset_root, load_config
     from ..detection.backends import build_backend
-    from ..detection.extract import extract_to_store
+    from ..detection.extract import Chunk, StoreFormat, chunk_manifest, extract_chunk, extract_to_store
     from ..detection.sources import image_items
 
     config = load_config(args.config, check_paths_exist=True)
@@ -84,23 +84,36 @@ def extract_rois(args) -> int:
         "rule": json.dumps(backend.rule.__dict__),
         "detector": str(Path(args.detector).resolve()) if args.detector else config["detector"]["backend"],
     }
-    summary = extract_to_store(
-        backend,
-        items,
-        args.out,
+    options = dict(
         batch_size=args.batch_size,
         on_bad_image=args.on_bad_image,
         attrs=attrs,
+        fmt=StoreFormat.from_config(config),
         progress=not args.quiet,
     )
+    if args.chunk:
+        chunk = Chunk.parse(args.chunk)
+        shards = extract_chunk(backend, items, args.out, chunk, **options)
+        print(f"{chunk_manifest(args.out, chunk)}: chunk {chunk.name}, {len(shards)} shards")
+        return 0
+    summary = extract_to_store(backend, items, args.out, **options)
     print(
-        f"{args.out}: {summary['images']} images, {summary['regions']} regions"
+        f"{args.out}: {summary['images']} images, {summary['regions']} regions in {summary['shards']} shards"
         + (
             f", {summary['skipped']} unreadable images skipped (listed in the file's attributes)"
             if summary["skipped"]
             else ""
         )
     )
+    return 0
+
+
+def index_store(args) -> int:
+    """The gather step of a chunked extraction: the store's index over every chunk's shards."""
+    from ..detection.extract import index_store
+
+    summary = index_store(args.out, [Path(m) for m in args.manifests])
+    print(f"{args.out}: {summary['images']} images, {summary['regions']} regions in {summary['shards']} shards")
     return 0
 
 
@@ -111,6 +124,7 @@ def tune_features(args) -> int:
     import torch
 
     from ..config import load_config
+    from ..detection.extract import StoreFormat
     from ..engine.tuned_features import image_paths_for, tune_store
     from ..modeling.modeling_vlbert import VLBertForPreTraining
 
@@ -131,6 +145,7 @@ def tune_features(args) -> int:
             image_paths_for(config, store),
             out,
             batch_size=args.batch_size,
+            images_per_shard=StoreFormat.from_config(config).images_per_shard,
             progress=not args.quiet,
         )
         print(f"{out}: {summary['images']} images, {summary['regions']} regions")

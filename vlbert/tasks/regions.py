@@ -1,4 +1,4 @@
-"""What every task reads: an image's regions from the HDF5 feature stores, and as model inputs.
+"""What every task reads: an image's regions from the feature stores, and as model inputs.
 
 An example is a plain dict: text (a string or a list of `Word`s with object references), the
 image's regions (row 0: the whole image) and the targets; each task's collator turns a list of
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.feature_store import FeatureStore
+from ..data.feature_store import FeatureStore, store_bytes
 from ..data.images import load_image
 from ..modeling.modeling_vlbert import VisualInputs
 from ..registry import Store
@@ -28,12 +28,19 @@ def features_path(features_dir, store: Store) -> Path:
     return Path(features_dir) / f"{store.name}.h5"
 
 
+# Stores up to this size are read into memory once (the mini world's are a few MB); larger ones
+# (the paper's: up to 1.4 TB) are read an image at a time, with bounded memory.
+PRELOAD_MAX_BYTES = 2 * 2**30
+
+
 def open_store(features_dir, store: Store) -> FeatureStore:
-    """That store, preloaded; one of another data set, split or kind of boxes under its name is
-    refused (the image keys of two data sets can match, and the features would be read silently)."""
+    """That store (preloaded if small); one of another data set, split or kind of boxes under its
+    name is refused (the image keys of two data sets can match, and the features would be read
+    silently)."""
+    path = features_path(features_dir, store)
     return FeatureStore(
-        features_path(features_dir, store),
-        preload=True,
+        path,
+        preload=store_bytes(path) <= PRELOAD_MAX_BYTES,
         expect={"dataset": store.dataset, "split": store.split, "mode": BOX_MODES[store.boxes]},
     )
 

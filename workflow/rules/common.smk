@@ -11,6 +11,14 @@ from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTIN
 validate(config, schema="../schemas/config.schema.yaml")
 
 PRESET = config["name"]
+
+# The preset's `features` keys a store's content depends on.
+STORE_CONTENT_KEYS = ("score_threshold", "min_boxes", "max_boxes", "dtype", "class_topk")
+# Extraction of each split runs as this many chunk jobs (rule extract_rois), gathered by index_store.
+scattergather:
+    extract=config.get("features", {}).get("chunks", 1),
+
+
 # Every results path comes from vlbert/layout.py, the one the CLI's defaults and MLflow's store read.
 LAYOUT = Layout(PRESET)
 DATA = config["data"].get("root", str(LAYOUT.data))
@@ -24,6 +32,7 @@ wildcard_constraints:
     split=r"[A-Za-z0-9-]+",
     setting="|".join(SETTINGS),
     seed=r"\d+",
+    scatteritem=r"\d+-of-\d+",
 
 
 def preset_file():

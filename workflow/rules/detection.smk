@@ -26,26 +26,48 @@ rule train_detector:
 
 
 rule extract_rois:
+    """One chunk of a split's shards (the scatter: `features.chunks` jobs a split, one GPU each on a
+    cluster); a killed chunk keeps the shards it finished."""
     input:
         data=lambda wc: data_outputs([wc.dataset]),
         detector=rules.train_detector.output.weights,
     output:
-        f"{LAYOUT.features}/{{dataset}}.{{split}}.{{boxes}}.h5",
+        f"{LAYOUT.features}/{{dataset}}.{{split}}.{{boxes}}.shards/chunk_{{scatteritem}}.json",
     log:
-        f"{LAYOUT.logs}/extract_rois/{{dataset}}.{{split}}.{{boxes}}.log",
+        f"{LAYOUT.logs}/extract_rois/{{dataset}}.{{split}}.{{boxes}}.{{scatteritem}}.log",
     benchmark:
-        f"{LAYOUT.benchmarks}/extract_rois/{{dataset}}.{{split}}.{{boxes}}.tsv",
+        f"{LAYOUT.benchmarks}/extract_rois/{{dataset}}.{{split}}.{{boxes}}.{{scatteritem}}.tsv",
     params:
         preset=preset_file(),
         gt=lambda wc: "--gt-boxes" if wc.boxes == "gt" else "",
         data=data_root,
         detector=lambda wc, input: os.path.dirname(input.detector),
-        depends=depends_on("features"),
+        store=lambda wc: f"{LAYOUT.features}/{wc.dataset}.{wc.split}.{wc.boxes}.h5",
+        device=DEVICE,
+        # What the stores hold, not how they are cut (images_per_shard, chunks): those leave results alone.
+        depends=depends_on(*(f"features.{key}" for key in STORE_CONTENT_KEYS)),
     priority: extract_priority
     threads: MACHINE_CORES
+    resources:
+        gpu=GPU,
     conda:
         CONDA_ENV
     shell:
         "vlbert extract-rois --config {params.preset} --data {params.data} --detector {params.detector} "
-        "--dataset '{wildcards.dataset}' --split {wildcards.split} {params.gt} --out {output} "
-        "--threads {threads} --quiet > {log} 2>&1"
+        "--dataset '{wildcards.dataset}' --split {wildcards.split} {params.gt} --out {params.store} "
+        "--chunk {wildcards.scatteritem} --device {params.device} --threads {threads} --quiet > {log} 2>&1"
+
+
+rule index_store:
+    """The gather: the store's index over every chunk's shards (reads only their small arrays)."""
+    input:
+        gather.extract(f"{LAYOUT.features}/{{{{dataset}}}}.{{{{split}}}}.{{{{boxes}}}}.shards/chunk_{{scatteritem}}.json"),
+    output:
+        f"{LAYOUT.features}/{{dataset}}.{{split}}.{{boxes}}.h5",
+    log:
+        f"{LAYOUT.logs}/index_store/{{dataset}}.{{split}}.{{boxes}}.log",
+    priority: extract_priority
+    conda:
+        CONDA_ENV
+    shell:
+        "vlbert index-store --out {output} {input} > {log} 2>&1"
