@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
-from vlbert.data.feature_store import FeatureStore, shards_folder, write_index, write_shard
+from vlbert.data.feature_store import FeatureStore, compact, shards_folder, write_index, write_shard
 
 REGIONS = 100
 ROWS = REGIONS + 1  # row 0: the whole image
@@ -138,8 +138,15 @@ def write_store(path: Path, synthetic: Synthetic, images: int, per_shard: int, q
     with tqdm(total=images, desc="write", unit="img", disable=quiet) as progress:
         for first in range(0, images, per_shard):
             numbers = range(first, min(first + per_shard, images))
-            started = time.perf_counter()
-            results = [synthetic.result(n) for n in numbers]
+            # As extraction does: each image compacted as it comes (float16, top-k), which counts
+            # as writing; making the detector's output does not.
+            results = []
+            for n in numbers:
+                started = time.perf_counter()
+                result = synthetic.result(n)
+                made = time.perf_counter()
+                results.append(compact(result, "float16", synthetic.topk))
+                making, writing = making + made - started, writing + time.perf_counter() - made
             made = time.perf_counter()
             shards.append(folder / f"shard_{len(shards):06d}.h5")
             write_shard(
@@ -150,9 +157,9 @@ def write_store(path: Path, synthetic: Synthetic, images: int, per_shard: int, q
                 dtype="float16",
                 class_topk=synthetic.topk,
             )
-            making, writing = making + made - started, writing + time.perf_counter() - made
+            writing += time.perf_counter() - made
             progress.update(len(numbers))
-            del results  # a shard's dense distributions are 0.65 MB per image: free them before the next
+            del results
     started = time.perf_counter()
     write_index(path, shards)
     os.sync()  # the disk's write speed, not the page cache's

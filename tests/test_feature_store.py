@@ -161,7 +161,7 @@ def test_chunks_deal_out_every_shard_once_in_order(shards, count):
 
 
 def test_reader_memory_stays_bounded_on_a_store_larger_than_its_limit(tmp_path):
-    """A ~300 MB store (600 images x 101 rows x 2,048 float16) read in random order by a process
+    """A ~250 MB store (600 images x 101 rows x 2,048 float16) read in random order by a process
     whose address space may grow by 200 MB only: a reader that held the store would fail."""
     out = tmp_path / "big.h5"
     block = np.random.default_rng(0).normal(size=(101, 2048)).astype(np.float16)
@@ -250,3 +250,43 @@ def test_tasks_preload_small_stores_and_stream_large_ones(tmp_path, monkeypatch)
     monkeypatch.setattr(regions, "PRELOAD_MAX_BYTES", out.stat().st_size + path.stat().st_size - 1)
     streamed = regions.open_store(tmp_path, store)
     assert not streamed.preload and streamed["b"]["features"].shape[1] == 16
+
+
+def test_features_beyond_float16_are_refused_not_stored_as_infinity(tmp_path):
+    results = _results(2)
+    results[1].features[0, 3] = 7e4
+    with pytest.raises(ValueError, match=r"shard\.h5: a region feature of 70000 does not fit float16"):
+        write_shard(tmp_path / "shard.h5", ["a", "b"], results, [], {"mode": "detected"})
+    write_shard(tmp_path / "shard.h5", ["a", "b"], results, [], {"mode": "detected"}, dtype="float32")
+    assert FeatureStore(tmp_path / "shard.h5")["b"]["features"][0, 3] == 7e4
+
+
+def test_shard_written_again_after_the_index_is_refused(tmp_path):
+    out = tmp_path / "s.h5"
+    results = _results(4)
+    paths = [shards_folder(out) / f"shard_{k:06d}.h5" for k in range(2)]
+    for k, path in enumerate(paths):
+        write_shard(
+            path, [f"img{2 * k}", f"img{2 * k + 1}"], results[2 * k : 2 * k + 2], [], {"shard_fingerprint": "one"}
+        )
+    write_index(out, paths)
+    write_shard(paths[1], ["img2", "img3"], results[2:], [], {"shard_fingerprint": "two"})
+    with FeatureStore(out) as store:
+        assert store["img0"]["width"] == 96
+        with pytest.raises(DataFormatError, match=r"shard_000001\.h5 was written again after the index"):
+            store["img3"]
+    write_index(out, paths)
+    assert FeatureStore(out)["img3"]["width"] == 96
+
+
+def test_preloaded_store_pickles(tmp_path):
+    import pickle
+
+    out = tmp_path / "s.h5"
+    path = shards_folder(out) / "shard_000000.h5"
+    write_shard(path, ["a", "b"], _results(2), [], {"mode": "detected"})
+    write_index(out, [path])
+    store = pickle.loads(pickle.dumps(FeatureStore(out, preload=True)))
+    assert store["b"]["features"].shape[1] == 16
+    streamed = pickle.loads(pickle.dumps(FeatureStore(out)))  # handles stay behind; the copy opens its own
+    assert streamed["a"]["width"] == 96

@@ -36,6 +36,7 @@ import json
 import os
 from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -81,6 +82,25 @@ def top_classes(probs: np.ndarray, k: int | None) -> tuple[np.ndarray | None, np
     return np.take_along_axis(ids, order, 1).astype(id_dtype), np.take_along_axis(values, order, 1).astype(np.float16)
 
 
+def compact(result, dtype: str = "float16", class_topk: int | None = None) -> SimpleNamespace:
+    """An image's regions (RoIResult-like: boxes, labels, probs, scores, features, box_ids, width,
+    height) as a shard stores them: features in `dtype`, the class distribution as top_classes
+    gives it. Extraction compacts each image as it comes, so a shard in the making holds what it
+    will store, not the detector's float32 distributions."""
+    if dtype not in FEATURE_DTYPES:
+        raise ValueError(f"feature dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
+    largest = float(np.abs(result.features).max(initial=0.0))
+    if dtype == "float16" and not largest <= float(np.finfo(np.float16).max):
+        raise ValueError(
+            f"a region feature of {largest:g} does not fit float16 (at most 65504): "
+            "set features.dtype: float32 in the preset"
+        )
+    class_ids, class_probs = top_classes(result.probs, class_topk)
+    fields = {name: getattr(result, name) for name in (*REGION_ARRAYS, "width", "height")}
+    fields["features"] = result.features.astype(dtype, copy=False)
+    return SimpleNamespace(**fields, class_ids=class_ids, class_probs=class_probs, num_classes=result.probs.shape[1])
+
+
 def write_shard(
     path,
     keys: list[str],
@@ -90,29 +110,30 @@ def write_shard(
     dtype: str = "float16",
     class_topk: int | None = None,
 ) -> dict:
-    """Write one shard atomically: `results` (RoIResult-like: boxes, labels, probs, scores,
-    features, box_ids, width, height), one per key, and the images skipped as unreadable.
-    Returns {images, regions, skipped}."""
-    if dtype not in FEATURE_DTYPES:
-        raise ValueError(f"feature dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
-    counts = np.array([len(r.boxes) for r in results], dtype=np.int64)
-    num_classes = results[0].probs.shape[1] if results else int((attrs or {}).get("num_classes", 0))
-    probs = np.concatenate([r.probs for r in results]) if results else np.zeros((0, num_classes), np.float32)
-    class_ids, class_probs = top_classes(probs, class_topk)
-    arrays = {
-        name: np.concatenate([getattr(r, name) for r in results]) if results else np.zeros(0) for name in REGION_ARRAYS
-    }
-    arrays["features"] = arrays["features"].astype(dtype, copy=False)
+    """Write one shard atomically: `results` (RoIResult-like, or already `compact`ed), one per
+    key, and the images skipped as unreadable. Returns {images, regions, skipped}."""
+    try:
+        stored = [r if hasattr(r, "class_probs") else compact(r, dtype, class_topk) for r in results]
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    counts = np.array([len(r.boxes) for r in stored], dtype=np.int64)
+    num_classes = stored[0].num_classes if stored else int((attrs or {}).get("num_classes", 0))
+
+    def joined(name):
+        return np.concatenate([getattr(r, name) for r in stored]) if stored else np.zeros(0)
+
     with io.atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("keys", data=np.array(keys, dtype=object), dtype=h5py.string_dtype())
         f.create_dataset("offsets", data=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-        f.create_dataset("width", data=np.array([r.width for r in results], dtype=np.int32))
-        f.create_dataset("height", data=np.array([r.height for r in results], dtype=np.int32))
-        for name, array in arrays.items():
-            f.create_dataset(name, data=array)
-        if class_ids is not None:
-            f.create_dataset("class_ids", data=class_ids)
-        f.create_dataset("class_probs", data=class_probs)
+        f.create_dataset("width", data=np.array([r.width for r in stored], dtype=np.int32))
+        f.create_dataset("height", data=np.array([r.height for r in stored], dtype=np.int32))
+        for name in REGION_ARRAYS:
+            f.create_dataset(name, data=joined(name))
+        if stored and stored[0].class_ids is not None:
+            f.create_dataset("class_ids", data=joined("class_ids"))
+        f.create_dataset(
+            "class_probs", data=joined("class_probs") if stored else np.zeros((0, num_classes), np.float16)
+        )
         _set_attrs(f, {**(attrs or {}), "num_classes": int(num_classes)})
         f.attrs["skipped"] = json.dumps([list(s) for s in skipped])
         f.attrs["num_skipped"] = len(skipped)
@@ -139,6 +160,7 @@ def write_index(out, shards: list[Path], attrs: dict | None = None) -> dict:
     delete the folder's other shard files (left by an earlier layout). Returns a summary."""
     out, folder = Path(out), shards_folder(out)
     keys, shard_of, starts, stops, widths, heights, skipped = [], [], [], [], [], [], []
+    fingerprints, rows = [], []
     store_attrs = empty_attrs = None
     for number, path in enumerate(shards):
         if Path(path).parent.resolve() != folder.resolve():
@@ -154,6 +176,8 @@ def write_index(out, shards: list[Path], attrs: dict | None = None) -> dict:
                 widths.append(f["width"][()])
                 heights.append(f["height"][()])
                 skipped += json.loads(f.attrs.get("skipped", "[]"))
+                fingerprints.append(str(plain_attr(f.attrs.get("shard_fingerprint", ""))))
+                rows.append(int(offsets[-1]))
                 mine = {k: plain_attr(v) for k, v in f.attrs.items() if k not in _SHARD_ONLY}
         except (OSError, KeyError) as exc:
             raise DataFormatError(
@@ -180,6 +204,9 @@ def write_index(out, shards: list[Path], attrs: dict | None = None) -> dict:
         f.create_dataset(
             "shards", data=np.array([Path(p).name for p in shards], dtype=object), dtype=h5py.string_dtype()
         )
+        # What each shard was when indexed: a shard made again since is refused, not misread.
+        f.create_dataset("shard_fingerprints", data=np.array(fingerprints, dtype=object), dtype=h5py.string_dtype())
+        f.create_dataset("shard_rows", data=np.array(rows, dtype=np.int64))
         f.create_dataset("keys", data=encoded)
         f.create_dataset("shard", data=joined(shard_of, np.int32))
         f.create_dataset("start", data=joined(starts, np.int64))
@@ -234,8 +261,11 @@ class _Shard:
         except BaseException:
             self._file.close()
             raise
+        self.fingerprint = str(plain_attr(self._file.attrs.get("shard_fingerprint", "")))
+        self.num_rows = len(self._file["boxes"])
         if preload:
             self._file.close()
+            self._file = None  # a preloaded store pickles (to processes that read it)
 
     def rows(self, start: int, stop: int, num_classes: int) -> dict:
         try:
@@ -254,7 +284,8 @@ class _Shard:
         return item
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def dense_probs(class_ids: np.ndarray, class_probs: np.ndarray, num_classes: int) -> np.ndarray:
@@ -294,6 +325,7 @@ class FeatureStore:
         self.preload, self.max_open_shards = preload, max(1, max_open_shards)
         self._open: OrderedDict[int, _Shard] = OrderedDict()
         self._pid = os.getpid()
+        self._shard_checks = None  # (fingerprint, rows) of each shard when indexed
         try:
             with h5py.File(self.path, "r") as f:
                 self._read_index(f) if "shard" in f else self._read_single(f)
@@ -341,6 +373,8 @@ class FeatureStore:
         names = [n.decode() if isinstance(n, bytes) else n for n in f["shards"][()]]
         folder = shards_folder(self.path)
         self._shard_paths = [folder / name for name in names]
+        if "shard_fingerprints" in f:
+            self._shard_checks = list(zip(f["shard_fingerprints"].asstr()[()], f["shard_rows"][()]))
         self.attrs = {k: v for k, v in f.attrs.items()}
         sizes = {len(a) for a in (self._shard_of, self._start, self._stop, self._width, self._height)}
         if sizes != {len(self._keys)} or (len(self._shard_of) and not 0 <= self._shard_of.max() < len(names)):
@@ -375,6 +409,16 @@ class FeatureStore:
             if not path.is_file():
                 raise DataFormatError(self.path, f"its shard {path} is missing (run `vlbert extract-rois` again)")
             shard = self._open[number] = _Shard(path, self.preload)
+            if self._shard_checks is not None and (shard.fingerprint, shard.num_rows) != tuple(
+                self._shard_checks[number]
+            ):
+                del self._open[number]
+                shard.close()
+                raise DataFormatError(
+                    self.path,
+                    f"its shard {path} was written again after the index: run `vlbert index-store` "
+                    "(or the workflow) again",
+                )
             if not self.preload and len(self._open) > self.max_open_shards:
                 self._open.popitem(last=False)[1].close()
         self._open.move_to_end(number)

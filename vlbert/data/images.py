@@ -11,6 +11,7 @@ def load_image(path) -> torch.Tensor:
     """RGB image as float [3, H, W] in [0, 1]; a missing or corrupt file names its path."""
     try:
         with Image.open(path) as image:
-            return pil_to_tensor(image.convert("RGB")).float().div_(255)
+            rgb = image if image.mode == "RGB" else image.convert("RGB")  # convert copies even RGB
+            return pil_to_tensor(rgb).float().div_(255)
     except (OSError, ValueError) as exc:
         raise OSError(f"cannot read image {path}: {exc}") from None

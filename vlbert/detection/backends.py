@@ -36,7 +36,14 @@ class RoIBackend(Protocol):
 
     def extract(self, images: list[torch.Tensor], boxes: list[np.ndarray | None]) -> list[RoIResult]:
         """images: float RGB [3, H, W] in [0, 1]; boxes: given x1y1x2y2 boxes (ground-truth mode)
-        or None (detect by the rule)."""
+        or None (detect by the rule). The same as select(images, boxes, forward_regions(...))."""
+
+    def forward_regions(self, images: list[torch.Tensor], boxes: list[np.ndarray | None]) -> list[tuple]:
+        """Per image: (region boxes [R, 4] in original pixels, probs [R, C+1], features [R, D]),
+        the whole image first, then the given boxes or every proposal."""
+
+    def select(self, images: list[torch.Tensor], boxes: list[np.ndarray | None], regions) -> list[RoIResult]:
+        """The box rule over forward_regions' output."""
 
 
 def _result(boxes, probs, features, width, height, scores=None) -> RoIResult:
@@ -56,7 +63,8 @@ def _result(boxes, probs, features, width, height, scores=None) -> RoIResult:
 
 
 class _RegionBackend:
-    """Shared by the backends: `forward_regions` scores regions, `extract` applies the box rule."""
+    """Shared by the backends: `forward_regions` scores regions, `select` applies the box rule,
+    `extract` does both."""
 
     rule: BoxRule
 
@@ -64,8 +72,12 @@ class _RegionBackend:
         raise NotImplementedError
 
     def extract(self, images, boxes):
+        return self.select(images, boxes, self.forward_regions(images, boxes))
+
+    def select(self, images, boxes, regions) -> list[RoIResult]:
+        """The rule over `forward_regions`' output: the given boxes, or the detections it keeps."""
         results = []
-        for image, given, (region, probs, feats) in zip(images, boxes, self.forward_regions(images, boxes)):
+        for image, given, (region, probs, feats) in zip(images, boxes, regions):
             height, width = image.shape[1:]
             if given is not None:
                 results.append(_result(region, probs, feats, width, height))
@@ -77,7 +89,7 @@ class _RegionBackend:
         return results
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def score_regions(model, images: list[torch.Tensor], boxes: list[np.ndarray | None], device: str = "cpu"):
     """Per image: (region boxes in original pixels [R, 4], probs [R, C+1], features [R, D]),
     where the regions are the whole image, then the given boxes or all RPN proposals."""
@@ -150,7 +162,7 @@ class Detectron2Backend(_RegionBackend):
         self.class_names = [str(i) for i in range(cfg.MODEL.ROI_HEADS.NUM_CLASSES)]
         self.feature_dim = self.model.roi_heads.res5[-1].conv3.out_channels
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward_regions(self, images, boxes):
         from detectron2.structures import Boxes
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +23,14 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import io
-from ..data.feature_store import FEATURE_DTYPES, shard_summary, shards_folder, write_index, write_shard
+from ..data.feature_store import FEATURE_DTYPES, compact, shard_summary, shards_folder, write_index, write_shard
 from ..data.images import load_image
 from .sources import ImageItem
 
 ON_BAD_IMAGE = ("error", "skip")
 SHARD_FINGERPRINT = "shard_fingerprint"
+# Bumped when what a shard holds changes for the same inputs: older shards are then made again.
+SHARD_FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,18 @@ def _load_batch(items: list[ImageItem], on_bad_image: str):
 
 
 def _fingerprint(items: list[ImageItem], batch_size: int, attrs: dict, fmt: StoreFormat) -> str:
-    """What a shard was made from: other images, boxes, batch size, detector or format start it afresh."""
+    """What a shard was made from: the store's attributes (the detector's weights among them),
+    batch size, format, and each image's key, file (size and time) and given boxes. Any other
+    makes it again."""
     digest = hashlib.sha256(json.dumps(attrs, sort_keys=True, default=str).encode())
-    digest.update(f"{batch_size} {fmt}".encode())
+    digest.update(f"{SHARD_FORMAT_VERSION} {batch_size} {fmt}".encode())
     for item in items:
-        digest.update(item.key.encode())
+        try:
+            stat = item.path.stat()
+            file = f"{stat.st_size} {stat.st_mtime_ns}"
+        except OSError:
+            file = "unreadable"
+        digest.update(f"{item.key}\0{file}\0".encode())
         if item.boxes is not None:
             digest.update(np.ascontiguousarray(item.boxes, dtype=np.float32).tobytes())
     return digest.hexdigest()
@@ -147,7 +156,8 @@ def extract_chunk(  # noqa: PLR0913 - the one-call form of extract_to_store, plu
     progress: bool = True,
 ) -> list[Path]:
     """Extract this chunk's shards of the store `out` (into shards_folder(out)), then write its
-    manifest; returns the shard paths."""
+    manifest; returns the shard paths. `backend` scores regions (`forward_regions`) and applies
+    the box rule (`select`)."""
     if on_bad_image not in ON_BAD_IMAGE:
         raise ValueError(f"on_bad_image must be one of {ON_BAD_IMAGE}, got {on_bad_image!r}")
     if not items:
@@ -164,8 +174,36 @@ def extract_chunk(  # noqa: PLR0913 - the one-call form of extract_to_store, plu
     # Every batch of the shards to do, in order: (shard, batch items).
     batches = [(s, shards[s][k : k + batch_size]) for s in todo for k in range(0, len(shards[s]), batch_size)]
     total = sum(len(shards[s]) for s in numbers)
+    shard = {"keys": [], "results": [], "skipped": []}
+
+    def finish(position: int, images, kept: list[ImageItem], bad, regions) -> None:
+        """The rule over a batch's regions, then its shard written once the shard is complete."""
+        s = batches[position][0]
+        for item, result in zip(kept, backend.select(images, [item.boxes for item in kept], regions)):
+            ids = [-1] + list(item.box_ids) if item.box_ids else [-1] * len(result.boxes)
+            result.box_ids = np.array(ids, dtype=np.int64)
+            try:
+                stored = compact(result, fmt.dtype, fmt.class_topk)
+            except ValueError as exc:
+                raise ValueError(f"{paths[s]}: image {item.key}: {exc}") from None
+            shard["keys"].append(item.key)
+            shard["results"].append(stored)
+        shard["skipped"] += bad
+        if position + 1 == len(batches) or batches[position + 1][0] != s:  # the shard's last batch
+            shard_attrs = {**attrs, SHARD_FINGERPRINT: fingerprints[s]}
+            write_shard(
+                paths[s], shard["keys"], shard["results"], shard["skipped"], shard_attrs, fmt.dtype, fmt.class_topk
+            )
+            shard.update(keys=[], results=[], skipped=[])
+
+    # With the detector on a GPU, decoding batch k+1 and the rule and writes of batch k-1 run in
+    # threads beside the forward pass of batch k. On a CPU they run in turn: the forward pass
+    # keeps every core busy, and threads beside it (each with its own OpenMP team) slow it more
+    # than their own work costs.
+    on_gpu = str(getattr(backend, "device", "cpu")).startswith("cuda")
     with (
         ThreadPoolExecutor(max_workers=1) as loader,
+        ThreadPoolExecutor(max_workers=1) if on_gpu else _InTurn() as finisher,
         tqdm(
             total=total,
             initial=total - sum(len(shards[s]) for s in todo),
@@ -175,26 +213,24 @@ def extract_chunk(  # noqa: PLR0913 - the one-call form of extract_to_store, plu
         ) as bar,
     ):
         pending = loader.submit(_load_batch, batches[0][1], on_bad_image) if batches else None
-        keys, results, skipped = [], [], []
-        for position, (s, batch) in enumerate(batches):
+        finishing = None
+        for position, (_, batch) in enumerate(batches):
             images, kept, bad = pending.result()
             if position + 1 < len(batches):
                 pending = loader.submit(_load_batch, batches[position + 1][1], on_bad_image)
-            for item, result in zip(kept, backend.extract(images, [item.boxes for item in kept]) if kept else []):
-                ids = [-1] + list(item.box_ids) if item.box_ids else [-1] * len(result.boxes)
-                result.box_ids = np.array(ids, dtype=np.int64)
-                keys.append(item.key)
-                results.append(result)
-            skipped += bad
+            regions = backend.forward_regions(images, [item.boxes for item in kept]) if kept else []
+            if finishing is not None:
+                finishing.result()  # in order, and one batch's regions held at a time
+            finishing = finisher.submit(finish, position, images, kept, bad, regions)
             bar.update(len(batch))
-            if position + 1 == len(batches) or batches[position + 1][0] != s:  # the shard's last batch
-                shard_attrs = {**attrs, SHARD_FINGERPRINT: fingerprints[s]}
-                write_shard(paths[s], keys, results, skipped, shard_attrs, fmt.dtype, fmt.class_topk)
-                keys, results, skipped = [], [], []
+        if finishing is not None:
+            finishing.result()
     summaries = [shard_summary(paths[s]) for s in numbers]
     manifest = {
         "chunk": chunk.name,
         "shards": [paths[s].name for s in numbers],
+        "images_per_shard": size,
+        "num_shards": -(-len(items) // size),
         **{key: sum(summary[key] for summary in summaries) for key in ("images", "regions", "skipped")},
     }
     io.write_json(chunk_manifest(out, chunk), manifest, indent=1)
@@ -202,17 +238,27 @@ def extract_chunk(  # noqa: PLR0913 - the one-call form of extract_to_store, plu
 
 
 def index_store(out, manifests: list[Path]) -> dict:
-    """The gather step: the index `out` over the shards the chunks' manifests list, in chunk order."""
+    """The gather step: the index `out` over the shards the chunks' manifests list, in chunk order.
+    The chunks must be all of one extraction: every chunk of one count, one shard size, and
+    together the shards 0..S-1."""
     out = Path(out)
-    listed = []
+    listed, layouts = [], set()
     for manifest in sorted(manifests, key=lambda p: Chunk.parse(Path(p).stem.removeprefix("chunk_")).number):
         try:
-            listed += json.loads(Path(manifest).read_text())["shards"]
+            content = json.loads(Path(manifest).read_text())
+            listed += content["shards"]
+            layouts.add((content["images_per_shard"], content["num_shards"]))
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"{manifest}: not a chunk manifest of `vlbert extract-rois --chunk` ({exc})") from None
     counts = {Chunk.parse(Path(p).stem.removeprefix("chunk_")).count for p in manifests}
     if len(counts) != 1 or len(manifests) != counts.pop():
         raise ValueError(f"{out}: the manifests of every chunk are needed, got {[Path(p).name for p in manifests]}")
+    expected = [f"shard_{s:06d}.h5" for s in range(next(iter(layouts))[1])] if len(layouts) == 1 else None
+    if listed != expected:
+        raise ValueError(
+            f"{out}: the chunks' manifests are of different extractions (shard sizes and counts "
+            f"{sorted(layouts)}): extract every chunk again"
+        )
     return write_index(out, [shards_folder(out) / name for name in listed])
 
 
@@ -231,3 +277,21 @@ def extract_to_store(
     chunk = Chunk()
     extract_chunk(backend, items, out, chunk, batch_size, on_bad_image, attrs, fmt, progress)
     return index_store(out, [chunk_manifest(out, chunk)])
+
+
+class _InTurn:
+    """An executor that runs each task at once, in the caller's thread."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, function, *args) -> Future:
+        future = Future()
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchvision.ops import batched_nms
+from torchvision.ops import nms
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,20 @@ class BoxRule:
             raise ValueError(f"need 1 <= min_boxes <= max_boxes, got {self.min_boxes}, {self.max_boxes}")
 
 
+def _per_class_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou: float) -> torch.Tensor:
+    """NMS within each class, one class at a time (the rule's definition; batched_nms's coordinate
+    offsets would round boxes far from the origin differently): indices kept. A class with one
+    box keeps it."""
+    order = torch.argsort(classes, stable=True)
+    counts = torch.unique_consecutive(classes[order], return_counts=True)[1].tolist()
+    kept, start = [], 0
+    for count in counts:
+        members = order[start : start + count]
+        kept.append(members if count == 1 else members[nms(boxes[members], scores[members], iou)])
+        start += count
+    return torch.cat(kept) if kept else torch.zeros(0, dtype=torch.long)
+
+
 def _confidence(boxes: torch.Tensor, foreground: torch.Tensor, rule: BoxRule, floor: float) -> torch.Tensor:
     """Each proposal's confidence, exact wherever it is above `floor` (0 elsewhere).
 
@@ -36,13 +50,12 @@ def _confidence(boxes: torch.Tensor, foreground: torch.Tensor, rule: BoxRule, fl
     n, classes = foreground.shape
     pairs = (foreground > floor).nonzero() if floor > 0 else None
     if pairs is None:
-        flat_boxes, flat_scores = boxes.repeat_interleave(classes, dim=0), foreground.reshape(-1)
         box_of, class_of = torch.arange(n).repeat_interleave(classes), torch.arange(classes).repeat(n)
     else:
         box_of, class_of = pairs[:, 0], pairs[:, 1]
-        flat_boxes, flat_scores = boxes[box_of], foreground[box_of, class_of]
-    keep = batched_nms(flat_boxes, flat_scores, class_of, rule.nms_iou)
-    return torch.zeros(n).scatter_reduce(0, box_of[keep], flat_scores[keep], reduce="amax")
+    scores = foreground[box_of, class_of]
+    keep = _per_class_nms(boxes[box_of], scores, class_of, rule.nms_iou)
+    return torch.zeros(n).scatter_reduce(0, box_of[keep], scores[keep], reduce="amax")
 
 
 def select_boxes(boxes: torch.Tensor, probs: torch.Tensor, rule: BoxRule) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,9 +71,9 @@ def select_boxes(boxes: torch.Tensor, probs: torch.Tensor, rule: BoxRule) -> tup
     above = int((confidence > rule.score_threshold).sum())
     count = min(max(above, rule.min_boxes), rule.max_boxes, n)
     # Topped up from below the threshold: lower the floor until it leaves `count` boxes above it
-    # (all of them exact), down to none.
+    # (all of them exact), down to none (every pair: boxes suppressed in every class score 0).
     floor = rule.score_threshold
-    while count > int((confidence > floor).sum()):
+    while floor > 0 and count > int((confidence > floor).sum()):
         floor = floor / 8 if floor > 1e-4 else 0.0
         confidence = _confidence(boxes, foreground, rule, floor)
     order = torch.argsort(confidence, descending=True, stable=True)

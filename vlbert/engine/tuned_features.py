@@ -96,7 +96,7 @@ def tune_store(
                 bar.update(len(batch))
             write_shard(path, shard_keys, results, [], {**attrs, SHARD_FINGERPRINT: fingerprint}, dtype, topk)
     store.close()
-    return write_index(out, paths)
+    return write_index(out, paths, attrs)
 
 
 def image_paths_for(config: dict, store_path) -> dict[str, Path]:

@@ -68,6 +68,7 @@ def extract_rois(args) -> int:
     from ..detection.backends import build_backend
     from ..detection.extract import Chunk, StoreFormat, chunk_manifest, extract_chunk, extract_to_store
     from ..detection.sources import image_items
+    from ..engine.checkpoint import file_identity
 
     config = load_config(args.config, check_paths_exist=True)
     if args.data:
@@ -83,6 +84,8 @@ def extract_rois(args) -> int:
         "preset": config["name"],
         "rule": json.dumps(backend.rule.__dict__),
         "detector": str(Path(args.detector).resolve()) if args.detector else config["detector"]["backend"],
+        # The weights, not the folder: a detector trained again into the same folder is another one.
+        "detector_weights": json.dumps(file_identity(detector_weights(config, args.detector))),
     }
     options = dict(
         batch_size=args.batch_size,
@@ -106,6 +109,13 @@ def extract_rois(args) -> int:
         )
     )
     return 0
+
+
+def detector_weights(config: dict, detector_dir) -> Path:
+    """The weights file extraction runs: detectron2's, else the trained detector's."""
+    if config["detector"].get("backend") == "detectron2":
+        return Path(config["detector"]["detectron2"]["weights"])
+    return Path(detector_dir) / "detector.safetensors"
 
 
 def index_store(args) -> int:
