@@ -196,10 +196,10 @@ def extract_chunk(  # noqa: PLR0913 - the one-call form of extract_to_store, plu
             )
             shard.update(keys=[], results=[], skipped=[])
 
-    # With the detector on a GPU, decoding batch k+1 and the rule and writes of batch k-1 run in
-    # threads beside the forward pass of batch k. On a CPU they run in turn: the forward pass
-    # keeps every core busy, and threads beside it (each with its own OpenMP team) slow it more
-    # than their own work costs.
+    # Decoding batch k+1 runs in a thread beside the forward pass of batch k (PIL leaves the GIL;
+    # on a CPU it fills the single-threaded RoIAlign and NMS). With the detector on a GPU the rule
+    # and writes of batch k-1 do too; on a CPU they run in turn, as their torch ops in a thread of
+    # their own (an OpenMP team of its own) slowed the forward pass more than they cost.
     on_gpu = str(getattr(backend, "device", "cpu")).startswith("cuda")
     with (
         ThreadPoolExecutor(max_workers=1) as loader,
