@@ -332,6 +332,7 @@ class FeatureStore:
         except OSError as exc:
             raise _unreadable(self.path, exc) from None
         self._check(expect or {})
+        self.num_classes = int(plain_attr(self.attrs.get("num_classes", 0)))  # C+1, the distribution's width
         order = np.argsort(self._keys, kind="stable")
         self._sorted_keys, self._order = self._keys[order], order
         if preload:
@@ -435,10 +436,6 @@ class FeatureStore:
     def keys(self) -> list[str]:
         """Every image key, in store order."""
         return [k.decode() for k in self._keys]
-
-    @property
-    def num_classes(self) -> int:
-        return int(plain_attr(self.attrs.get("num_classes", 0)))
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -115,7 +115,9 @@ def detector_weights(config: dict, detector_dir) -> Path:
     """The weights file extraction runs: detectron2's, else the trained detector's."""
     if config["detector"].get("backend") == "detectron2":
         return Path(config["detector"]["detectron2"]["weights"])
-    return Path(detector_dir) / "detector.safetensors"
+    from ..detection.model import WEIGHTS_FILE
+
+    return Path(detector_dir) / WEIGHTS_FILE
 
 
 def index_store(args) -> int:
