@@ -32,8 +32,9 @@ cluster-deps:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	elif [ -n "$$missing" ]; then echo "missing Debian packages (as root: make cluster-deps): $$missing"; fi
 
+# -s: the cluster run's listing shows as it ends, and a failure's report (with its jobs' logs) comes last.
 test-cluster: $(STAMP) cluster-deps  ## the smoke study through SLURM, a Ray head and an MLflow server on PostgreSQL, all started here
-	$(VENV)/bin/python -m pytest -m cluster -rP tests/test_cluster.py
+	$(VENV)/bin/python -m pytest -m cluster -s tests/test_cluster.py
 
 lint: $(STAMP)  ## ruff (lint and format) and Snakemake's linter on every preset; CI runs it first
 	$(VENV)/bin/ruff check .

@@ -1,5 +1,6 @@
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -37,8 +38,21 @@ def smoke_run(tmp_path_factory):
         env=env,
         timeout=1200,
     )
-    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.returncode == 0, snakemake_failure(result.stderr, workdir)
     return {"dir": workdir, "env": env, "seconds": time.time() - started}
+
+
+def snakemake_failure(output: str, workdir: Path, lines: int = 40) -> str:
+    """What a failed Snakemake run says, then the end of each failed job's log: Snakemake names
+    the logs but does not show them, and a CI machine keeps nothing else."""
+    named = re.findall(r"^\s*log: (.+?) \(check log file", output, re.M)
+    logs = dict.fromkeys(log for line in named for log in line.split(", "))
+    parts = [output[-4000:]]
+    for log in logs:
+        path = Path(workdir) / log
+        text = path.read_text(errors="replace").splitlines()[-lines:] if path.is_file() else ["(missing)"]
+        parts.append(f"---- {log} (last {lines} lines) ----\n" + "\n".join(text))
+    return "\n".join(parts)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, snakemake_command
+from conftest import REPO, snakemake_command, snakemake_failure
 from local_cluster import PARTITION, LocalCluster, why_unavailable
 
 from vlbert import registry
@@ -115,7 +115,7 @@ def cluster_run(cluster, tmp_path_factory):
     log, _ = process.communicate(timeout=2400)
     seconds = time.time() - started
     (folder / "snakemake.log").write_text(log)
-    assert process.returncode == 0, log[-6000:]
+    assert process.returncode == 0, snakemake_failure(log, workdir)
     print(f"the smoke study through SLURM: {seconds:.0f} s\n{sacct().to_string(index=False)}")
     return {"dir": workdir, "log": log, "seconds": seconds, "profile": profile, "preset": preset}
 
@@ -214,7 +214,7 @@ def test_a_cancelled_pretraining_job_is_resubmitted_and_resumes_from_its_checkpo
         time.sleep(0.2)
     log, _ = process.communicate(timeout=1200)
     assert cancelled, f"the pre-training ended before it could be cancelled:\n{log[-4000:]}"
-    assert process.returncode == 0, log[-6000:]
+    assert process.returncode == 0, snakemake_failure(log, workdir)
     assert f"SLURM-job '{cancelled}' failed" in log and "Trying to restart job" in log, log[-4000:]
     pretrain_log = (workdir / "results/smoke/logs/pretrain/a.log").read_text()
     assert "resuming from" in pretrain_log, pretrain_log[-3000:]
