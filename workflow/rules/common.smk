@@ -108,16 +108,42 @@ def task_features(wildcards):
     return [f"{task_features_dir(wildcards)}/{name}.h5" for name in TASK_STORE_NAMES]
 
 
-def pretrain_priority(wildcards):
-    """Longest pre-training first: tuning Fast R-CNN runs it on every image of every step, the
-    text corpus adds a text-only half batch. Each heads a pretrain -> sweep -> seeds chain."""
-    setting = SETTINGS[wildcards.setting]
-    return 20 + 4 * setting.tune_frcnn + 2 * setting.text_corpus
+# The scheduler's priorities: the job whose chain (pretrain -> sweep -> seeds) has the most work
+# left goes first when cores are short (critical-path list scheduling), so that no long chain is
+# left to run alone at the end. Work is counted in VL-BERT fine-tuning jobs (a sweep or a seeds
+# job of a VL-BERT row): reading pixels runs a CNN on every image of every step, two streams add a
+# visual transformer and co-attention. Rough ratios of the reference mini run (reports/reference/
+# mini/README.md, "Where the time goes"); only their order matters.
+FINETUNE_COST = {"vlbert": 1.0, "vilbert": 1.6, "pixelbert": 3.3}
+PRETRAIN_COST = {"vlbert": 0.5, "vilbert": 0.8, "pixelbert": 2.75}
+
+
+def pretrain_cost(setting) -> float:
+    """Pre-training in the same units: masking region pixels runs the Fast R-CNN module once
+    more, the text corpus adds a text-only half batch, tuning Fast R-CNN backpropagates through it."""
+    if not setting.pretrains:
+        return 0.0
+    cost = PRETRAIN_COST[setting.family]
+    cost *= 2 if setting.masked_roi and setting.model_family.masks_region_pixels else 1
+    return cost * (1.6 if setting.text_corpus else 1) * (2.5 if setting.tune_frcnn else 1)
+
+
+def chain_priority(stage):
+    """The priority of a `stage` job of a setting: ten times the work left in its chain."""
+    def priority(wildcards):
+        setting = SETTINGS[wildcards.setting]
+        finetune = FINETUNE_COST[setting.family]
+        left = {"pretrain": pretrain_cost(setting) + 2 * finetune, "sweep": 2 * finetune, "seeds": finetune}
+        return round(10 * left[stage])
+    return priority
 
 
 def extract_priority(wildcards):
-    """The caption store gates every pre-training job, the longest chains of the study."""
-    return 30 if (wildcards.dataset, wildcards.split) == ("conceptual_captions", "train") else 0
+    """The caption stores gate every pre-training job; the task stores gate the no-pretraining
+    rows' sweeps, the longest of which (Pixel-BERT's) is among the longest chains."""
+    if wildcards.dataset == "conceptual_captions":
+        return 100
+    return round(10 * 2 * max(FINETUNE_COST[SETTINGS[name].family] for name in STUDY_SETTINGS))
 
 
 def finetune_outputs():

@@ -26,7 +26,7 @@ rule sweep:
         out=lambda wc: str(LAYOUT.sweep(wc.setting)),
         device=DEVICE,
         depends=depends_on("finetune", "sweep", "training"),
-    priority: 10
+    priority: chain_priority("sweep")
     threads: SWEEP_THREADS
     resources:
         gpu=GPU,
@@ -61,6 +61,7 @@ rule finetune_seeds:
         out=lambda wc: str(LAYOUT.finetune(wc.setting)),
         device=DEVICE,
         depends=depends_on("finetune", "training", "sweep.seeds"),
+    priority: chain_priority("seeds")
     threads: 1
     resources:
         gpu=GPU,

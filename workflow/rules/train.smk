@@ -50,11 +50,9 @@ rule pretrain:
         out=lambda wc: str(LAYOUT.pretrain(wc.setting)),
         device=DEVICE,
         depends=depends_on("seed", "model", "pretrain", "training"),
-    # Pre-training heads the longest chains (pretrain -> sweep -> seeds), so it goes first when
-    # cores are short, the longest first. Without priorities a mini run started setting d's
-    # pre-training 29 minutes in, and its chain then ran alone at the end with the other core
-    # idle for 4.5 minutes; with one priority for all, `full` (the longest) started third.
-    priority: pretrain_priority
+    # Pre-training heads the longest chains: without priorities a mini run started setting d's
+    # pre-training 29 minutes in, and its chain then ran alone at the end with a core idle.
+    priority: chain_priority("pretrain")
     threads: MACHINE_CORES
     resources:
         gpu=GPU,
@@ -82,7 +80,7 @@ rule tune_features:
         out=lambda wc: str(LAYOUT.tuned_features(wc.setting)),
         data=data_root,
         device=DEVICE,
-    priority: pretrain_priority
+    priority: chain_priority("sweep")
     threads: MACHINE_CORES
     resources:
         gpu=GPU,
