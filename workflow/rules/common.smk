@@ -108,12 +108,12 @@ def task_features(wildcards):
     return [f"{task_features_dir(wildcards)}/{name}.h5" for name in TASK_STORE_NAMES]
 
 
-# The scheduler's priorities: the job whose chain (pretrain -> sweep -> seeds) has the most work
-# left goes first when cores are short (critical-path list scheduling), so that no long chain is
-# left to run alone at the end. Work is counted in VL-BERT fine-tuning jobs (a sweep or a seeds
-# job of a VL-BERT row): reading pixels runs a CNN on every image of every step, two streams add a
-# visual transformer and co-attention. Rough ratios of the reference mini run (reports/reference/
-# mini/README.md, "Where the time goes"); only their order matters.
+# The scheduler's priorities: the job whose chain (pretrain [-> tune_features] -> sweep -> seeds)
+# has the most work left goes first when cores are short (critical-path list scheduling), so that
+# no long chain is left to run alone at the end. Work is counted in VL-BERT fine-tuning jobs (a
+# sweep or a seeds job of a VL-BERT row): Pixel-BERT runs a CNN on every image of every step,
+# ViLBERT's second stream adds a visual transformer and co-attention. Rough ratios of the reference
+# mini run (reports/reference/mini/README.md, "Where the time goes"); they need only be roughly right.
 FINETUNE_COST = {"vlbert": 1.0, "vilbert": 1.6, "pixelbert": 3.3}
 PRETRAIN_COST = {"vlbert": 0.5, "vilbert": 0.8, "pixelbert": 2.75}
 
@@ -140,7 +140,7 @@ def chain_priority(stage):
 
 def extract_priority(wildcards):
     """The caption stores gate every pre-training job; the task stores gate the no-pretraining
-    rows' sweeps, the longest of which (Pixel-BERT's) is among the longest chains."""
+    rows' sweeps, the longest of which (the costliest family's) heads one of the longest chains."""
     if wildcards.dataset == "conceptual_captions":
         return 100
     return round(10 * 2 * max(FINETUNE_COST[SETTINGS[name].family] for name in STUDY_SETTINGS))
