@@ -175,7 +175,7 @@ def extract_chunk(  # noqa: PLR0913 - the one-call form of extract_to_store, plu
     batches = [(s, shards[s][k : k + batch_size]) for s in todo for k in range(0, len(shards[s]), batch_size)]
     total = sum(len(shards[s]) for s in numbers)
     shard = {"keys": [], "results": [], "skipped": []}
-    summaries = {}  # of the shards written here; those done before are read back below
+    written = {}  # summaries of the shards written here; those done before are read back below
 
     def finish(position: int, images, kept: list[ImageItem], bad, regions) -> None:
         """The rule over a batch's regions, then its shard written once the shard is complete."""
@@ -192,7 +192,7 @@ def extract_chunk(  # noqa: PLR0913 - the one-call form of extract_to_store, plu
         shard["skipped"] += bad
         if position + 1 == len(batches) or batches[position + 1][0] != s:  # the shard's last batch
             shard_attrs = {**attrs, SHARD_FINGERPRINT: fingerprints[s]}
-            summaries[s] = write_shard(
+            written[s] = write_shard(
                 paths[s], shard["keys"], shard["results"], shard["skipped"], shard_attrs, fmt.dtype, fmt.class_topk
             )
             shard.update(keys=[], results=[], skipped=[])
@@ -226,7 +226,7 @@ def extract_chunk(  # noqa: PLR0913 - the one-call form of extract_to_store, plu
             bar.update(len(batch))
         if finishing is not None:
             finishing.result()
-    summaries = [summaries[s] if s in summaries else shard_summary(paths[s]) for s in numbers]
+    summaries = [written[s] if s in written else shard_summary(paths[s]) for s in numbers]
     manifest = {
         "chunk": chunk.name,
         "shards": [paths[s].name for s in numbers],

@@ -130,11 +130,12 @@ def pretrain_cost(setting) -> float:
 
 def chain_priority(stage):
     """The priority of a `stage` job of a setting: ten times the work left in its chain."""
+    finetune_jobs_left = {"pretrain": 2, "sweep": 2, "seeds": 1}[stage]
+
     def priority(wildcards):
         setting = SETTINGS[wildcards.setting]
-        finetune = FINETUNE_COST[setting.family]
-        left = {"pretrain": pretrain_cost(setting) + 2 * finetune, "sweep": 2 * finetune, "seeds": finetune}
-        return round(10 * left[stage])
+        left = finetune_jobs_left * FINETUNE_COST[setting.family]
+        return round(10 * (left + (pretrain_cost(setting) if stage == "pretrain" else 0)))
     return priority
 
 
