@@ -380,6 +380,27 @@ def test_the_whole_image_is_the_first_img_element_and_never_a_candidate_region(p
     assert processor.encode("a red circle")["roi_positions"] == [-1]  # text-only: no [IMG] at all
 
 
+def test_encodings_repeat_the_tokenizer_word_for_word_through_its_memo(monkeypatch):
+    import pickle
+
+    from vlbert.modeling import processing_vlbert
+
+    processor = VLBertProcessor.from_pretrained()
+    words = [Word("how"), Word("does"), Word("frisbee", roi=1), Word("feel"), Word("?")]
+    first = processor.encode(words, "a dog's unaffable frisbee", num_rois=1)
+    again = processor.encode(words, "a dog's unaffable frisbee", num_rois=1)
+    expected = [processor.tokenizer(w.text, add_special_tokens=False)["input_ids"] for w in words]
+    assert first == again
+    assert first["input_ids"][1 : 1 + sum(map(len, expected))] == [i for ids in expected for i in ids]
+    copy = pickle.loads(pickle.dumps(processor))  # a DataLoader worker or a Ray trial gets a copy
+    assert copy.encode(words, "a dog's unaffable frisbee", num_rois=1) == first
+    monkeypatch.setattr(processing_vlbert, "_WORD_CACHE_SIZE", 3)
+    for n in range(10):  # whole captions come as one text: the memo stays bounded
+        processor.encode(f"caption number {n}")
+    assert len(processor._word_ids) <= 3
+    assert processor.encode(words, "a dog's unaffable frisbee", num_rois=1) == first
+
+
 def test_masked_roi_loss_is_soft_cross_entropy_on_the_detector_distribution():
     from vlbert.modeling.modeling_vlbert import masked_roi_loss
 

@@ -60,6 +60,9 @@ def wordpiece_from_texts(texts, vocab_size: int) -> BertTokenizerFast:
     return BertTokenizerFast(vocab={piece: i for i, piece in enumerate(pieces)}, do_lower_case=True)
 
 
+_WORD_CACHE_SIZE = 1 << 16
+
+
 @dataclass(frozen=True)
 class Word:
     text: str
@@ -78,6 +81,9 @@ class VLBertProcessor:
         # [unusedN] tokens (999 for bert-base-uncased; the number of specials for a vocabulary
         # built by `wordpiece_from_texts`).
         self.first_word_id = 1 + max(i for t, i in vocab.items() if t.startswith("[") and t.endswith("]"))
+        # Every epoch encodes the same few hundred words again, one tokenizer call a word: memoised
+        # (bench/model_step.py does not see it; a run's wall time does). A plain dict pickles.
+        self._word_ids: dict[str, tuple[int, ...]] = {}
 
     @classmethod
     def from_pretrained(cls, path=None, max_text_length: int = 64) -> VLBertProcessor:
@@ -91,9 +97,16 @@ class VLBertProcessor:
         words = [Word(w) if isinstance(w, str) else w for w in ([text] if isinstance(text, str) else text)]
         out = []
         for word in words:
-            ids = self.tokenizer(word.text, add_special_tokens=False)["input_ids"]
-            out += [(i, word.roi) for i in ids]
+            out += [(i, word.roi) for i in self._ids_of(word.text)]
         return out
+
+    def _ids_of(self, text: str) -> tuple[int, ...]:
+        ids = self._word_ids.get(text)
+        if ids is None:
+            if len(self._word_ids) >= _WORD_CACHE_SIZE:  # whole captions come as one text
+                self._word_ids.clear()
+            ids = self._word_ids[text] = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return ids
 
     def _truncate(self, a: list, b: list) -> tuple[list, list]:
         budget = self.max_text_length - (3 if b else 2)
