@@ -212,3 +212,51 @@ def test_the_systems_table_puts_each_system_beside_its_papers_and_checks_their_f
     assert "pixel_sampling_helps" not in findings  # its settings have no runs
     assert (report / "figures" / "systems.png").stat().st_size > 0
     assert (report / "systems.csv").read_text().startswith("system,setting,")
+
+
+def test_vcr_is_reported_per_kind_of_question_when_the_file_names_the_kinds(tmp_path):
+    """Two `feel` questions and two `corners` ones (the fixture's two, each twice): `a` answers
+    every feel question and no corners one; `no_pretrain` the reverse; the file without kinds gets
+    no such table."""
+    from vlbert.study.report import write_report
+
+    lines = (REPO / "tests/fixtures/vcr/val.jsonl").read_text().splitlines()
+    records = []
+    for n, kind in enumerate(("feel", "feel", "corners", "corners")):
+        record = json.loads(lines[n % 2])
+        records.append({**record, "annot_id": f"val-{n}", "question_type": kind})
+    vcr = tmp_path / "vcr"
+    vcr.mkdir()
+    (vcr / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    store = Store(tmp_path)
+    for setting, right_kind in (("no_pretrain", "corners"), ("a", "feel")):
+        for seed in (0, 1):
+            for task, key, label in (
+                ("vcr_q2a", "answer", "answer_label"),
+                ("vcr_qa2r", "rationale", "rationale_label"),
+            ):
+                run_id = store.run(setting, task, seed, 50.0)
+                predictions = [
+                    {
+                        "annot_id": r["annot_id"],
+                        key: r[label] if r["question_type"] == right_kind else (r[label] + 1) % 4,
+                    }
+                    for r in records
+                ]
+                path = tmp_path / "predictions_val.json"
+                path.write_text(json.dumps(predictions))
+                store.client.log_artifact(run_id, str(path))
+    write_report(store.uri, "vlbert-ablation-smoke", tmp_path / "report", vcr_val=vcr / "val.jsonl")
+    text = (tmp_path / "report" / "vcr_q2ar.md").read_text()
+    assert "| no_pretrain | 50.0 ± 0.0 |" in text  # Q->AR: both right on the corners questions
+    for task in ("VCR Q->A", "VCR QA->R"):
+        section = text.split(f"### {task}\n")[1].split("###")[0]
+        assert "| setting | corners (n=2) | feel (n=2) |" in section
+        assert "| no_pretrain | 100.0 ± 0.0 | 0.0 ± 0.0 |" in section
+        assert "| a | 0.0 ± 0.0 | 100.0 ± 0.0 |" in section
+
+    without = [{k: v for k, v in r.items() if k != "question_type"} for r in records]
+    (vcr / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in without))  # as the real VCR's
+    write_report(store.uri, "vlbert-ablation-smoke", tmp_path / "real", vcr_val=vcr / "val.jsonl")
+    text = (tmp_path / "real" / "vcr_q2ar.md").read_text()
+    assert "| no_pretrain | 50.0 ± 0.0 |" in text and "Per kind" not in text

@@ -17,7 +17,16 @@ import pandas as pd
 
 from ...layout import Layout
 from .figures import figure_bars, figure_grounding, figure_heatmap, figure_pretraining, figure_sweeps
-from .read import collect_runs, derive_q2ar, latest_pretraining, latest_results, paper_numbers, vcr_labels
+from .read import (
+    collect_runs,
+    derive_q2ar,
+    derive_vcr_kinds,
+    latest_pretraining,
+    latest_results,
+    paper_numbers,
+    vcr_labels,
+    vcr_question_kinds,
+)
 from .render import (
     ground_truth_table,
     grounding_lines,
@@ -33,6 +42,7 @@ from .systems import figure_systems, write_systems
 __all__ = [
     "collect_runs",
     "derive_q2ar",
+    "derive_vcr_kinds",
     "figure_grounding",
     "findings",
     "ground_truth_table",
@@ -42,6 +52,7 @@ __all__ = [
     "paper_numbers",
     "table4",
     "table_warnings",
+    "vcr_question_kinds",
     "write_detector",
     "write_pretraining",
     "write_report",
@@ -63,15 +74,16 @@ def write_report(
     runs.sort_values(["stage", "setting", "task", "seed"], na_position="last").to_csv(out / "runs.csv", index=False)
     finetunes, finetune_notes = latest_results(runs, "finetune")
     pretrain_notes = latest_results(runs, "pretrain")[1]
-    derived = (
-        derive_q2ar(uri, finetunes, vcr_labels(vcr_val))
-        if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"])
-        else pd.DataFrame()
-    )
+    derived, by_kind = pd.DataFrame(), None
+    if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]):
+        labels = vcr_labels(vcr_val)
+        derived = derive_q2ar(uri, finetunes, labels)
+        kinds = vcr_question_kinds(vcr_val)
+        by_kind = derive_vcr_kinds(uri, finetunes, labels, kinds) if kinds else None
     table = table4(finetunes)
     write_tables(table, paper, out, finetune_notes)
     if not derived.empty:
-        write_q2ar(derived, out)
+        write_q2ar(derived, out, by_kind)
     results = findings(table, paper)
     write_findings(results, out)
     systems_findings = write_systems(table, paper, finetunes, out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -126,6 +127,46 @@ def vcr_labels(jsonl_path) -> dict:
     from ...data.vcr import read_vcr
 
     return {e.annot_id: (e.answer_label, e.rationale_label) for e in read_vcr(jsonl_path)}
+
+
+def vcr_question_kinds(jsonl_path) -> dict[str, str]:
+    """annot_id -> `question_type` when every question of the VCR file has one (the synthetic world
+    writes its kind of question there); {} otherwise, as for the real VCR's files. Read after
+    `vcr_labels`, which has checked the file line by line."""
+    kinds = {}
+    for line in Path(jsonl_path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if "question_type" not in record:
+                return {}
+            kinds[record["annot_id"]] = str(record["question_type"])
+    return kinds
+
+
+def derive_vcr_kinds(uri: str, finetunes: pd.DataFrame, labels: dict, kinds: dict, split: str = "val") -> pd.DataFrame:
+    """Each VCR Q->A and QA->R run's accuracy per kind of question, from its prediction artifact:
+    one row per (setting, seed, task, kind), with the kind's number of questions `n`."""
+    from ...evaluation.vcr_eval import vcr_choices
+
+    rows = []
+    by_kind = {kind: [a for a in labels if kinds[a] == kind] for kind in sorted(set(kinds.values()))}
+    for task, key, label in (("vcr_q2a", "answer", 0), ("vcr_qa2r", "rationale", 1)):
+        for run in finetunes[finetunes["task"] == task].itertuples():
+            path = download_artifact(uri, run.run_id, predictions_artifact(split))
+            predictions = {p["annot_id"]: p for p in json.loads(path.read_text())}
+            chosen = vcr_choices(labels, predictions, path)[key]
+            rows += [
+                {
+                    "setting": run.setting,
+                    "seed": run.seed,
+                    "task": task,
+                    "kind": kind,
+                    "n": len(ids),
+                    f"{split}_accuracy": 100 * sum(chosen[a] == labels[a][label] for a in ids) / len(ids),
+                }
+                for kind, ids in by_kind.items()
+            ]
+    return pd.DataFrame(rows)
 
 
 def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "val") -> pd.DataFrame:

@@ -144,17 +144,48 @@ def findings_lines(r: dict) -> list[str]:
     return lines
 
 
-def write_q2ar(derived: pd.DataFrame, out: Path) -> None:
-    """vcr_q2ar.md: VCR Q->AR per setting over seeds, from derive_q2ar's rows."""
+def write_q2ar(derived: pd.DataFrame, out: Path, kinds: pd.DataFrame | None = None) -> None:
+    """vcr_q2ar.md: VCR Q->AR per setting over seeds, from derive_q2ar's rows; with `kinds`
+    (derive_vcr_kinds' rows), Q->A and QA->R per kind of question as well."""
     rows = [s for s in SETTINGS if s in TABLE4_SETTINGS or s in set(derived["setting"])]
     q2ar = derived.groupby("setting")["val_accuracy"].agg(["mean", "std", "count"]).reindex(rows)
-    lines = ["| setting | VCR Q->AR (val) |", "|---|---|"]
+    lines = ["# VCR Q->AR, from each seed's Q->A and QA->R runs", "", "| setting | VCR Q->AR (val) |", "|---|---|"]
     lines += [
         f"| {s} | {_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |" for s, r in q2ar.iterrows()
     ]
-    io.write_text(
-        out / "vcr_q2ar.md", "# VCR Q->AR, from each seed's Q->A and QA->R runs\n\n" + "\n".join(lines) + "\n"
-    )
+    if kinds is not None and not kinds.empty:
+        lines += ["", *kind_lines(kinds)]
+    io.write_text(out / "vcr_q2ar.md", "\n".join(lines) + "\n")
+
+
+def kind_lines(kinds: pd.DataFrame) -> list[str]:
+    """Q->A and QA->R val accuracy per kind of question and setting, mean ± std over seeds."""
+    names = sorted(kinds["kind"].unique())
+    size = kinds.groupby("kind")["n"].first()
+    lines = [
+        "## Per kind of question",
+        "",
+        "Val accuracy on each kind of question the VCR file names (`question_type`), mean ± std over seeds; "
+        "chance is 25% on every kind. A kind that every setting answers alike, with or without pre-training, "
+        "does not tell the settings apart, whatever the column's mean does.",
+    ]
+    for task in ("vcr_q2a", "vcr_qa2r"):
+        part = kinds[kinds["task"] == task]
+        if part.empty:
+            continue
+        stats = part.groupby(["setting", "kind"])["val_accuracy"].agg(["mean", "std", "count"])
+        seeds = int(stats["count"].max())
+        lines += ["", f"### {TASKS[task].title}", ""]
+        lines += ["| setting | " + " | ".join(f"{k} (n={size[k]})" for k in names) + " |"]
+        lines += ["|---|" + "---|" * len(names)]
+        for setting in (s for s in SETTINGS if s in stats.index.get_level_values("setting")):
+            cells = (stats.loc[(setting, k)] if (setting, k) in stats.index else None for k in names)
+            lines.append(
+                f"| {setting} | "
+                + " | ".join(MISSING if c is None else _cell(c["mean"], c["std"], c["count"], seeds) for c in cells)
+                + " |"
+            )
+    return lines
 
 
 # ---- pre-training ----------------------------------------------------------------------------
