@@ -82,7 +82,7 @@ class VLBertProcessor:
         # built by `wordpiece_from_texts`).
         self.first_word_id = 1 + max(i for t, i in vocab.items() if t.startswith("[") and t.endswith("]"))
         # Every epoch encodes the same few hundred words again, one tokenizer call a word: memoised
-        # (bench/model_step.py does not see it; a run's wall time does). A plain dict pickles.
+        # (bench/text_encoding.py). A plain dict, so the processor still pickles.
         self._word_ids: dict[str, tuple[int, ...]] = {}
 
     @classmethod

@@ -25,6 +25,7 @@ from .read import (
     latest_results,
     paper_numbers,
     vcr_labels,
+    vcr_predictions,
     vcr_question_kinds,
 )
 from .render import (
@@ -76,10 +77,10 @@ def write_report(
     pretrain_notes = latest_results(runs, "pretrain")[1]
     derived, by_kind = pd.DataFrame(), None
     if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]):
-        labels = vcr_labels(vcr_val)
-        derived = derive_q2ar(uri, finetunes, labels)
+        labels, predictions = vcr_labels(vcr_val), vcr_predictions(uri, finetunes)
+        derived = derive_q2ar(finetunes, predictions, labels)
         kinds = vcr_question_kinds(vcr_val)
-        by_kind = derive_vcr_kinds(uri, finetunes, labels, kinds) if kinds else None
+        by_kind = derive_vcr_kinds(finetunes, predictions, labels, kinds) if kinds else None
     table = table4(finetunes)
     write_tables(table, paper, out, finetune_notes)
     if not derived.empty:

@@ -143,8 +143,18 @@ def vcr_question_kinds(jsonl_path) -> dict[str, str]:
     return kinds
 
 
-def derive_vcr_kinds(uri: str, finetunes: pd.DataFrame, labels: dict, kinds: dict, split: str = "val") -> pd.DataFrame:
-    """Each VCR Q->A and QA->R run's accuracy per kind of question, from its prediction artifact:
+def vcr_predictions(uri: str, finetunes: pd.DataFrame, split: str = "val") -> dict[str, dict[str, dict]]:
+    """run_id -> {annot_id: prediction} of every VCR Q->A and QA->R run, each artifact read once."""
+    runs = finetunes[finetunes["task"].isin(DERIVED_TASKS["vcr_q2ar"].parts)]
+    predictions = {}
+    for run_id in runs["run_id"]:
+        path = download_artifact(uri, run_id, predictions_artifact(split))
+        predictions[run_id] = {p["annot_id"]: p for p in json.loads(path.read_text())}
+    return predictions
+
+
+def derive_vcr_kinds(finetunes: pd.DataFrame, predictions: dict, labels: dict, kinds: dict) -> pd.DataFrame:
+    """Each VCR Q->A and QA->R run's val accuracy per kind of question (`vcr_predictions`' rows):
     one row per (setting, seed, task, kind), with the kind's number of questions `n`."""
     from ...evaluation.vcr_eval import vcr_choices
 
@@ -152,9 +162,7 @@ def derive_vcr_kinds(uri: str, finetunes: pd.DataFrame, labels: dict, kinds: dic
     by_kind = {kind: [a for a in labels if kinds[a] == kind] for kind in sorted(set(kinds.values()))}
     for task, key, label in (("vcr_q2a", "answer", 0), ("vcr_qa2r", "rationale", 1)):
         for run in finetunes[finetunes["task"] == task].itertuples():
-            path = download_artifact(uri, run.run_id, predictions_artifact(split))
-            predictions = {p["annot_id"]: p for p in json.loads(path.read_text())}
-            chosen = vcr_choices(labels, predictions, path)[key]
+            chosen = vcr_choices(labels, predictions[run.run_id])[key]
             rows += [
                 {
                     "setting": run.setting,
@@ -162,33 +170,32 @@ def derive_vcr_kinds(uri: str, finetunes: pd.DataFrame, labels: dict, kinds: dic
                     "task": task,
                     "kind": kind,
                     "n": len(ids),
-                    f"{split}_accuracy": 100 * sum(chosen[a] == labels[a][label] for a in ids) / len(ids),
+                    "val_accuracy": 100 * sum(chosen[a] == labels[a][label] for a in ids) / len(ids),
                 }
                 for kind, ids in by_kind.items()
             ]
     return pd.DataFrame(rows)
 
 
-def derive_q2ar(uri: str, finetunes: pd.DataFrame, labels: dict, split: str = "val") -> pd.DataFrame:
-    """VCR Q->AR per (setting, seed) from the Q->A and QA->R runs' prediction artifacts."""
+def derive_q2ar(finetunes: pd.DataFrame, predictions: dict, labels: dict) -> pd.DataFrame:
+    """VCR Q->AR per (setting, seed) from its Q->A and QA->R runs' predictions (`vcr_predictions`)."""
     from ...evaluation.vcr_eval import vcr_accuracy
 
     rows = []
     q2ar = DERIVED_TASKS["vcr_q2ar"]
     q2a, qa2r = (finetunes[finetunes["task"] == part].set_index(["setting", "seed"]) for part in q2ar.parts)
     for key in q2a.index.intersection(qa2r.index):
-        predictions = {}
+        merged = {}
         for frame in (q2a, qa2r):
-            path = download_artifact(uri, frame.loc[key, "run_id"], predictions_artifact(split))
-            for p in json.loads(path.read_text()):
-                predictions.setdefault(p["annot_id"], {}).update(p)
+            for annot_id, p in predictions[frame.loc[key, "run_id"]].items():
+                merged.setdefault(annot_id, {}).update(p)
         rows.append(
             {
                 "setting": key[0],
                 "seed": key[1],
                 "task": q2ar.name,
                 "stage": "derived",
-                f"{split}_accuracy": vcr_accuracy(labels, predictions)["q2ar"],
+                "val_accuracy": vcr_accuracy(labels, merged)["q2ar"],
             }
         )
     return pd.DataFrame(rows)
