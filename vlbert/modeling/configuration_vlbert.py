@@ -22,6 +22,8 @@ class VLBertConfig(BertConfig):
     num_answers: VQA answer vocabulary size (0 when there is no VQA head).
     frcnn: the detector's config (DetectorConfig.to_json()); None: features always come cached.
     tune_frcnn: whether the Fast R-CNN module receives gradients.
+    frozen_frcnn_stages: with tune_frcnn, how many of the trunk's first stages stay frozen: 2, the
+        stem and C2, as VL-BERT's released configs (`IMAGE_FROZEN_BACKBONE_STAGES: [1, 2]`).
     visual_scale_text_init: initial value of the learnt scale on the visual embedding that text
         elements take (VL-BERT's `visual_scale_text_init`, 0 in its released configs).
     """
@@ -36,6 +38,7 @@ class VLBertConfig(BertConfig):
         num_answers: int = 0,
         frcnn: dict | None = None,
         tune_frcnn: bool = False,
+        frozen_frcnn_stages: int = 2,
         img_token_id: int = 1,
         end_token_id: int = 2,
         type_vocab_size: int = 3,
@@ -55,6 +58,7 @@ class VLBertConfig(BertConfig):
         self.num_answers = num_answers
         self.frcnn = frcnn
         self.tune_frcnn = tune_frcnn
+        self.frozen_frcnn_stages = frozen_frcnn_stages
         self.img_token_id = img_token_id
         self.end_token_id = end_token_id
         self.visual_scale_text_init = visual_scale_text_init

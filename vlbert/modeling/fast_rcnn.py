@@ -37,7 +37,10 @@ def zero_boxes(image: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
 
 
 class FastRCNN(nn.Module):
-    def __init__(self, config: DetectorConfig, trainable: bool = False):
+    """trainable: whether it receives gradients; then its trunk's first `frozen_stages` stages
+    (the stem, C2, C3, C4 in order) stay frozen."""
+
+    def __init__(self, config: DetectorConfig, trainable: bool = False, frozen_stages: int = 2):
         super().__init__()
         self.config = config
         self.transform = GeneralizedRCNNTransform(config.image_size, config.image_size, IMAGE_MEAN, IMAGE_STD)
@@ -45,14 +48,21 @@ class FastRCNN(nn.Module):
         self.roi_align = MultiScaleRoIAlign(["0"], output_size=config.roi_size, sampling_ratio=2)
         self.head = C5Head(config)
         self.trainable = trainable
+        stages = [self.backbone.stem, self.backbone.layer1, self.backbone.layer2, self.backbone.layer3]
+        if not 0 <= frozen_stages <= len(stages):
+            raise ValueError(f"frozen_stages must be 0 to {len(stages)} (the stem, C2, C3, C4), got {frozen_stages}")
+        self.frozen_stages = stages[:frozen_stages]
         self.set_requires_grad()
 
     def set_requires_grad(self) -> None:
-        """BatchNorm's affine parameters stay frozen; the rest trains only when `trainable`."""
+        """BatchNorm's affine parameters and the frozen stages stay frozen; the rest trains only
+        when `trainable`."""
         for module in self.modules():
             if isinstance(module, nn.BatchNorm2d):
                 module.weight.requires_grad_(False)
                 module.bias.requires_grad_(False)
+        for stage in self.frozen_stages:
+            stage.requires_grad_(False)
         if not self.trainable:
             self.requires_grad_(False)
 

@@ -367,7 +367,11 @@ class VLBertModel(VLBertPreTrainedModel):
         if config.frcnn is not None:
             from ..detection.model import DetectorConfig
 
-            self.fast_rcnn = FastRCNN(DetectorConfig.from_json(config.frcnn), trainable=config.tune_frcnn)
+            self.fast_rcnn = FastRCNN(
+                DetectorConfig.from_json(config.frcnn),
+                trainable=config.tune_frcnn,
+                frozen_stages=config.frozen_frcnn_stages,
+            )
         self._initialised_by_head = not initialise
         self.post_init()
 
