@@ -95,9 +95,6 @@ class C4Backbone(nn.Module):
         self.out_channels = w[2]
 
     def forward(self, images: torch.Tensor) -> OrderedDict:
-        # oneDNN's CPU convolutions, forward and backward, are faster on channels-last tensors
-        # (bench/channels_last.py); the stages keep the layout they are given.
-        images = images.contiguous(memory_format=torch.channels_last)
         return OrderedDict([("0", self.layer3(self.layer2(self.layer1(self.stem(images)))))])
 
 
@@ -110,7 +107,6 @@ class C5Head(nn.Module):
         self.out_channels = config.widths[3]
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        pooled = pooled.contiguous(memory_format=torch.channels_last)  # as C4Backbone's
         return self.layer4(pooled).mean(dim=(2, 3))
 
 
