@@ -26,3 +26,24 @@ def test_jobs_that_open_a_new_store_at_once_all_get_its_one_experiment(tmp_path)
         process.join(timeout=300)
     got = [answers.get(timeout=10) for _ in range(jobs)]
     assert len(set(got)) == 1 and got[0].isdigit(), got
+
+
+def test_artifacts_live_beside_the_store_and_are_read_back_without_leaving_a_copy(tmp_path, monkeypatch):
+    import tempfile
+
+    from vlbert.tracking import read_artifact_text
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where mkdtemp puts MLflow's copies
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MLflowTracker(uri, "vlbert-ablation-smoke", "job", {}, system_metrics=False)
+    written = tmp_path / "predictions_val.json"
+    written.write_text('[{"annot_id": "val-0"}]')
+    tracker.log_artifact(written)
+    tracker.close()
+
+    stored = tmp_path / "mlartifacts" / tracker.run_id / "artifacts" / "predictions_val.json"
+    assert stored.read_text() == written.read_text()  # in the study's results folder, not ./mlruns
+    assert read_artifact_text(uri, tracker.run_id, "predictions_val.json") == written.read_text()
+    assert list(scratch.iterdir()) == []

@@ -2,7 +2,7 @@
 
 `make_tracker` checks that the tracking store answers before any work starts, so a wrong URI
 fails in the first second, not after an hour of training. The report reads the runs back
-through `read_runs`, `metric_history` and `download_artifact`; the tags and metric names below
+through `read_runs`, `metric_history` and `read_artifact_text`; the tags and metric names below
 are the format both sides share.
 """
 
@@ -126,6 +126,15 @@ def store_lock(uri: str):
     return FileLock(f"{uri.removeprefix('sqlite:///')}.lock")
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite store's database, so that a
+    study's checkpoints and predictions live in its results folder (MLflow's default, ./mlruns, is
+    relative to whichever folder the first job ran in); the store's own default for any other."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+
+
 def git_commit() -> str:
     try:
         return (
@@ -174,7 +183,11 @@ class MLflowTracker:
             with store_lock(uri):
                 self.client = MlflowClient(tracking_uri=uri)
                 found = self.client.get_experiment_by_name(experiment)
-                self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+                self.experiment_id = (
+                    found.experiment_id
+                    if found
+                    else self.client.create_experiment(experiment, artifact_location=artifact_root(uri))
+                )
         except Exception as exc:  # the store's own errors vary by backend; all mean "unreachable"
             raise TrackingStoreError(f"MLflow tracking store {uri!r} cannot be reached: {exc}") from exc
         tags = {GIT_COMMIT_TAG: git_commit(), **tags}
@@ -350,8 +363,15 @@ def metric_history(uri: str, run_id: str, metric: str) -> list[tuple[int, float]
     return [(m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, metric)]
 
 
-def download_artifact(uri: str, run_id: str, path: str) -> Path:
-    """The run's artifact `path`, as a local file (the store's own, or a downloaded copy)."""
+def read_artifact_text(uri: str, run_id: str, path: str) -> str:
+    """The text of the run's artifact `path`. MLflow copies it into a folder of our own that is
+    removed afterwards: left to itself it leaves one `mkdtemp` folder per read in /tmp."""
+    import tempfile
+
     import mlflow.artifacts
 
-    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=uri))
+    with tempfile.TemporaryDirectory(prefix="vlbert-artifact-") as folder:
+        local = mlflow.artifacts.download_artifacts(
+            run_id=run_id, artifact_path=path, tracking_uri=uri, dst_path=folder
+        )
+        return Path(local).read_text()

@@ -27,10 +27,10 @@ from ...tracking import (
     TASK_TAG,
     TRAINABLE_PARAMETERS_METRIC,
     VAL_PREFIX,
-    download_artifact,
     final_metric,
     metric_history,
     predictions_artifact,
+    read_artifact_text,
     read_runs,
     val_metric,
 )
@@ -148,8 +148,8 @@ def vcr_predictions(uri: str, finetunes: pd.DataFrame, split: str = "val") -> di
     runs = finetunes[finetunes["task"].isin(DERIVED_TASKS["vcr_q2ar"].parts)]
     predictions = {}
     for run_id in runs["run_id"]:
-        path = download_artifact(uri, run_id, predictions_artifact(split))
-        predictions[run_id] = {p["annot_id"]: p for p in json.loads(path.read_text())}
+        text = read_artifact_text(uri, run_id, predictions_artifact(split))
+        predictions[run_id] = {p["annot_id"]: p for p in json.loads(text)}
     return predictions
 
 
