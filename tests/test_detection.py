@@ -550,3 +550,39 @@ def test_index_refuses_chunks_of_two_layouts(backend, smoke_world, tmp_path):
         index_store(out, manifests)
     extract_chunk(backend, items, out, Chunk(1, 2), batch_size=2, fmt=StoreFormat(images_per_shard=3), progress=False)
     assert index_store(out, manifests)["images"] == 6
+
+
+def test_a_strided_pointwise_convolution_equals_torchs():
+    from vlbert.detection.model import StridedPointwiseConv
+
+    torch.manual_seed(0)
+    ours = StridedPointwiseConv(8, 16, 2)
+    theirs = torch.nn.Conv2d(8, 16, 1, 2, bias=False)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 8, 13, 12, requires_grad=True)
+    got, expected = ours(x), theirs(x)
+    torch.testing.assert_close(got, expected)
+    (grad_x,) = torch.autograd.grad(got.square().sum(), x)
+    (expected_grad_x,) = torch.autograd.grad(expected.square().sum(), x)
+    torch.testing.assert_close(grad_x, expected_grad_x)
+
+
+# One training step of the smoke preset's trunk (widths 8-64, where oneDNN's strided 1x1 weight
+# gradient on channels-last input overruns its buffer) on an odd batch, in its own process: heap
+# corruption aborts the process rather than failing an assertion.
+_CHANNELS_LAST_STEPS = """
+import torch
+from vlbert.detection.model import C4Backbone, C5Head, DetectorConfig
+
+config = DetectorConfig(class_names=["a"], widths=(8, 16, 32, 64), c4_stride=8)
+backbone, head = C4Backbone(config), C5Head(config)
+for batch in (3, 7, 9) * 5:
+    c4 = backbone(torch.randn(batch, 3, 96, 96))["0"]
+    (c4.mean() + head(c4[:, :, :8, :8]).mean()).backward()
+"""
+
+
+def test_the_trunk_trains_on_channels_last_tensors_without_corrupting_memory():
+    env = {**os.environ, "MALLOC_CHECK_": "3", "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", _CHANNELS_LAST_STEPS], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

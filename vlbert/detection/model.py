@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn import functional as F
 from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
@@ -66,10 +67,35 @@ class DetectorConfig:
         return cls(**data)
 
 
+class StridedPointwiseConv(nn.Conv2d):
+    """A 1x1 convolution with a stride, computed as the stride's subsampling then the 1x1
+    convolution at stride 1: the same output, gradients and parameters as nn.Conv2d's. oneDNN 3.12's
+    weight gradient of a strided 1x1 convolution on channels-last input with fewer than 16 input
+    channels (one AVX-512 register of floats) writes past its buffer and corrupts the heap: the
+    smoke preset's 8 -> 16 did; 16 and more did not in a sweep of widths, batches and sizes.
+    tests/test_detection.py::test_the_trunk_trains_on_channels_last_tensors_without_corrupting_memory
+    trains the smoke widths in a subprocess, which that bug aborts."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__(in_channels, out_channels, 1, stride, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows, cols = self.stride
+        return F.conv2d(x[:, :, ::rows, ::cols], self.weight, self.bias)
+
+
+def _downsample_conv(in_channels: int, out_channels: int, stride: int) -> nn.Conv2d:
+    """The residual branch's 1x1 projection; below 16 input channels, one that avoids oneDNN's
+    overrun (StridedPointwiseConv). Wider ones keep nn.Conv2d, faster on channels-last tensors."""
+    if stride != 1 and in_channels < 16:
+        return StridedPointwiseConv(in_channels, out_channels, stride)
+    return nn.Conv2d(in_channels, out_channels, 1, stride, bias=False)
+
+
 def _stage(in_channels: int, channels: int, blocks: int, stride: int) -> nn.Sequential:
     downsample = None
     if stride != 1 or in_channels != channels:
-        downsample = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride, bias=False), nn.BatchNorm2d(channels))
+        downsample = nn.Sequential(_downsample_conv(in_channels, channels, stride), nn.BatchNorm2d(channels))
     layers = [BasicBlock(in_channels, channels, stride, downsample)]
     layers += [BasicBlock(channels, channels) for _ in range(blocks - 1)]
     return nn.Sequential(*layers)
@@ -95,6 +121,9 @@ class C4Backbone(nn.Module):
         self.out_channels = w[2]
 
     def forward(self, images: torch.Tensor) -> OrderedDict:
+        # oneDNN's CPU convolutions, forward and backward, are faster on channels-last tensors
+        # (bench/channels_last.py); the stages keep the layout they are given.
+        images = images.contiguous(memory_format=torch.channels_last)
         return OrderedDict([("0", self.layer3(self.layer2(self.layer1(self.stem(images)))))])
 
 
@@ -107,6 +136,7 @@ class C5Head(nn.Module):
         self.out_channels = config.widths[3]
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        pooled = pooled.contiguous(memory_format=torch.channels_last)  # as C4Backbone's
         return self.layer4(pooled).mean(dim=(2, 3))
 
 
