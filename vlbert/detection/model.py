@@ -71,10 +71,9 @@ class StridedPointwiseConv(nn.Conv2d):
     """A 1x1 convolution with a stride, computed as the stride's subsampling then the 1x1
     convolution at stride 1: the same output, gradients and parameters as nn.Conv2d's. oneDNN 3.12's
     weight gradient of a strided 1x1 convolution on channels-last input with fewer than 16 input
-    channels (one AVX-512 register of floats) writes past its buffer and corrupts the heap: the
-    smoke preset's 8 -> 16 did; 16 and more did not in a sweep of widths, batches and sizes.
-    tests/test_detection.py::test_the_trunk_trains_on_channels_last_tensors_without_corrupting_memory
-    trains the smoke widths in a subprocess, which that bug aborts."""
+    channels writes past its buffer and corrupts the heap (4, 8 and 12 did in a sweep of widths,
+    batches and sizes; 16 to 64 did not). tests/test_detection.py trains the smoke preset's widths
+    (8 -> 16) in a subprocess, which the overrun aborts."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int):
         super().__init__(in_channels, out_channels, 1, stride, bias=False)
