@@ -40,6 +40,19 @@ def test_same_content_same_fingerprint_whatever_the_timings_and_metadata(tmp_pat
     assert [row["stage"] for row in rows] == ["data", "bert_init", "features", "finetune"]
 
 
+def test_a_store_index_made_in_another_folder_has_the_same_fingerprint(tmp_path):
+    from vlbert.data.feature_store import SHARD_FINGERPRINTS
+
+    a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
+    for root in (a, b):  # an index's shard fingerprints hash the store's attributes, its folders among them
+        with h5py.File(root / "features" / "vqa.train2014.det.h5", "a") as f:
+            f[SHARD_FINGERPRINTS] = np.array([str(root)], dtype=object).astype(h5py.string_dtype())
+    assert fp.fingerprint(a) == fp.fingerprint(b)
+    with h5py.File(b / "features" / "vqa.train2014.det.h5", "a") as f:
+        f["boxes"][0, 0] = 1.0
+    assert fp.fingerprint(a)["features"] != fp.fingerprint(b)["features"]
+
+
 def test_the_first_parting_stage_is_named_with_its_largest_difference(tmp_path):
     a = _results(tmp_path / "a")
     b = _results(tmp_path / "b", bert_scale=1.001, val=51.0)

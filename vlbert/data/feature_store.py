@@ -49,6 +49,9 @@ REGION_ARRAYS = ("boxes", "labels", "scores", "features", "box_ids")
 # What a reader gives for an image: those plus the dense class distribution.
 ARRAYS = (*REGION_ARRAYS, "probs")
 FEATURE_DTYPES = ("float16", "float32")
+# An index's record of what each shard was made from (the store's attributes, the detector's folder
+# among them): a check against shards made again, not the store's content.
+SHARD_FINGERPRINTS = "shard_fingerprints"
 
 
 def plain_attr(value):
@@ -205,7 +208,7 @@ def write_index(out, shards: list[Path], attrs: dict | None = None) -> dict:
             "shards", data=np.array([Path(p).name for p in shards], dtype=object), dtype=h5py.string_dtype()
         )
         # What each shard was when indexed: a shard made again since is refused, not misread.
-        f.create_dataset("shard_fingerprints", data=np.array(fingerprints, dtype=object), dtype=h5py.string_dtype())
+        f.create_dataset(SHARD_FINGERPRINTS, data=np.array(fingerprints, dtype=object), dtype=h5py.string_dtype())
         f.create_dataset("shard_rows", data=np.array(rows, dtype=np.int64))
         f.create_dataset("keys", data=encoded)
         f.create_dataset("shard", data=joined(shard_of, np.int32))
@@ -374,8 +377,8 @@ class FeatureStore:
         names = [n.decode() if isinstance(n, bytes) else n for n in f["shards"][()]]
         folder = shards_folder(self.path)
         self._shard_paths = [folder / name for name in names]
-        if "shard_fingerprints" in f:
-            self._shard_checks = list(zip(f["shard_fingerprints"].asstr()[()], f["shard_rows"][()]))
+        if SHARD_FINGERPRINTS in f:
+            self._shard_checks = list(zip(f[SHARD_FINGERPRINTS].asstr()[()], f["shard_rows"][()]))
         self.attrs = {k: v for k, v in f.attrs.items()}
         sizes = {len(a) for a in (self._shard_of, self._start, self._stop, self._width, self._height)}
         if sizes != {len(self._keys)} or (len(self._shard_of) and not 0 <= self._shard_of.max() < len(names)):

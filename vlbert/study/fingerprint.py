@@ -24,6 +24,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from .. import io
+from ..data.feature_store import SHARD_FINGERPRINTS
 from ..layout import Layout
 
 # A layout with a placeholder preset: its paths, relative to its results folder, name the stages.
@@ -67,9 +68,15 @@ def _timeless(value):
 
 
 def _h5_arrays(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """A store's datasets but an index's shard fingerprints, which name the folders the store was
+    made in: two clones' identical stores would differ there."""
     with h5py.File(path, "r") as f:
         names: list[str] = []
-        f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, obj: (
+                names.append(name) if isinstance(obj, h5py.Dataset) and name != SHARD_FINGERPRINTS else None
+            )
+        )
         for name in sorted(names):
             yield name, f[name][()]
 
