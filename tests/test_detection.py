@@ -18,6 +18,7 @@ from torchvision.ops import nms
 from vlbert.cli import main
 from vlbert.data.errors import DataFormatError
 from vlbert.data.feature_store import FeatureStore, shards_folder
+from vlbert.detection import rules
 from vlbert.detection.backends import DETECTRON2_MISSING, Detectron2Backend, TorchvisionBackend
 from vlbert.detection.extract import Chunk, StoreFormat, chunk_manifest, extract_chunk, extract_to_store, index_store
 from vlbert.detection.model import load_detector
@@ -122,6 +123,24 @@ def test_rule_equals_nms_over_every_class_and_proposal(rule, classes, extent, se
     expected, expected_confidence = _rule_over_all_pairs(boxes, probs, rule)
     kept, confidence = select_boxes(boxes, probs, rule)
     assert torch.equal(kept, expected) and torch.equal(confidence, expected_confidence)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_per_class_nms_on_the_iou_matrix_keeps_what_torchvision_keeps_class_by_class(seed):
+    """Small boxes on a grid, tied scores and overlaps at the threshold itself (IoU 0.3 in float32
+    is above 0.3, and torchvision's kernel suppresses it): the matrix form keeps the same pairs."""
+    generator = torch.Generator().manual_seed(seed)
+    corner = torch.randint(0, 12, (80, 2), generator=generator).float()
+    boxes = torch.cat([corner, corner + torch.randint(1, 11, (80, 2), generator=generator)], 1)
+    scores = torch.randint(1, 6, (80,), generator=generator).float() / 5
+    classes = torch.randint(0, 4, (80,), generator=generator)
+    matrix = rules._per_class_nms_matrix(boxes, scores, classes, 0.3)
+    by_class = rules._per_class_nms_by_class(boxes, scores, classes, 0.3)
+    assert sorted(matrix.tolist()) == sorted(by_class.tolist())
+    at_threshold = torch.tensor([[0.0, 0, 10, 10], [0, 0, 3, 10]])  # IoU 30 / 100
+    one = torch.tensor([0.9, 0.8]), torch.zeros(2, dtype=torch.long)
+    assert rules._per_class_nms_matrix(at_threshold, *one, 0.3).tolist() == [0]
+    assert rules._per_class_nms_by_class(at_threshold, *one, 0.3).tolist() == [0]
 
 
 def test_extraction_applies_the_rule_plus_the_whole_image(backend, smoke_world):
@@ -248,6 +267,31 @@ def test_bad_images_skipped_are_counted_and_recorded(backend, items_with_a_corru
         bad_keys = [items_with_a_corrupt_image[2].key, items_with_a_corrupt_image[3].key]
         assert sorted(skipped) == sorted(bad_keys)
         assert "missing.jpg" in skipped[items_with_a_corrupt_image[3].key]
+
+
+class _TakenForAGpuBackend:
+    """The CPU backend, which extraction takes for a GPU one: threaded decoding, and the rule and
+    the writes beside the forward pass."""
+
+    device = "cuda"
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
+def test_the_gpu_path_writes_what_the_cpu_path_writes(backend, items_with_a_corrupt_image, tmp_path):
+    items = items_with_a_corrupt_image
+    for name, chosen in (("cpu", backend), ("gpu", _TakenForAGpuBackend(backend))):
+        extract_to_store(chosen, items, tmp_path / f"{name}.h5", batch_size=2, on_bad_image="skip", progress=False)
+    with FeatureStore(tmp_path / "cpu.h5") as cpu, FeatureStore(tmp_path / "gpu.h5") as gpu:
+        assert cpu.keys == gpu.keys and len(cpu) == 3 and dict(cpu.skipped) == dict(gpu.skipped)
+        for key in cpu.keys:
+            assert all(np.array_equal(cpu[key][name], gpu[key][name]) for name in cpu[key])
+    with pytest.raises(OSError, match=r"cannot read image .*corrupt\.jpg.*--on-bad-image skip"):
+        extract_to_store(_TakenForAGpuBackend(backend), items_with_a_corrupt_image, tmp_path / "f.h5", progress=False)
 
 
 # ---- detectron2 ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torchvision.ops import nms
 
@@ -25,10 +26,22 @@ class BoxRule:
             raise ValueError(f"need 1 <= min_boxes <= max_boxes, got {self.min_boxes}, {self.max_boxes}")
 
 
+# Up to this many (box, class) pairs, per-class NMS runs on their IoU matrix at once (a few tensor
+# ops and a loop over the kept pairs); beyond it, one NMS call a class. Both keep the same pairs.
+MATRIX_NMS_MAX_PAIRS = 512
+
+
 def _per_class_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou: float) -> torch.Tensor:
-    """NMS within each class, one class at a time (the rule's definition; batched_nms's coordinate
-    offsets would round boxes far from the origin differently): indices kept. A class with one
-    box keeps it."""
+    """NMS within each class (the rule's definition; batched_nms's coordinate offsets would round
+    boxes far from the origin differently): indices kept, in no particular order. A class with
+    one box keeps it."""
+    if len(scores) <= MATRIX_NMS_MAX_PAIRS:
+        return _per_class_nms_matrix(boxes, scores, classes, iou)
+    return _per_class_nms_by_class(boxes, scores, classes, iou)
+
+
+def _per_class_nms_by_class(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou: float):
+    """`_per_class_nms` as one torchvision NMS call a class."""
     order = torch.argsort(classes, stable=True)
     counts = torch.unique_consecutive(classes[order], return_counts=True)[1].tolist()
     kept, start = [], 0
@@ -37,6 +50,28 @@ def _per_class_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Ten
         kept.append(members if count == 1 else members[nms(boxes[members], scores[members], iou)])
         start += count
     return torch.cat(kept) if kept else torch.zeros(0, dtype=torch.long)
+
+
+def _per_class_nms_matrix(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou: float):
+    """`_per_class_nms` over all pairs at once, as torchvision's CPU kernel computes it: greedy in
+    stable descending score order, the overlap in float32 with the same operations, compared with
+    the threshold in float64. Across classes nothing is suppressed, so one pass over every class
+    in score order keeps what one pass a class keeps."""
+    order = torch.argsort(scores, descending=True, stable=True)
+    x1, y1, x2, y2 = boxes[order].unbind(1)
+    areas = (x2 - x1) * (y2 - y1)
+    width = (torch.minimum(x2[:, None], x2) - torch.maximum(x1[:, None], x1)).clamp(min=0)
+    height = (torch.minimum(y2[:, None], y2) - torch.maximum(y1[:, None], y1)).clamp(min=0)
+    inter = width * height
+    overlap = inter / (areas[:, None] + areas - inter)
+    suppresses = ((overlap.double() > iou) & (classes[order][:, None] == classes[order])).numpy()
+    suppressed = np.zeros(len(order), dtype=bool)
+    kept = []
+    for position in range(len(order)):
+        if not suppressed[position]:
+            kept.append(position)
+            suppressed |= suppresses[position]
+    return order[kept]
 
 
 def _confidence(boxes: torch.Tensor, foreground: torch.Tensor, rule: BoxRule, floor: float) -> torch.Tensor:
