@@ -4,20 +4,23 @@ A Faster R-CNN with a ResNet-101 trunk cut at C4 (stride 16), RoIAlign 14 x 14 o
 proposals an image, C5 and average pooling as the box head (2,048-d features) and 1,601 classes
 (Visual Genome's and the background), on images resized to 600 pixels on the shorter side and at
 most 1,000 on the longer (bottom-up-attention's test scale). None of its weights can be downloaded
-here, and its forward pass costs the same whatever they are, so they are untrained, made sane:
+here, and its convolutions cost the same whatever they are, so they are untrained, made sane:
 residual branches start at zero (else the activations overflow and the RPN proposes nothing), and
 the class layer is scaled so that some 10 to 40 of the 300 proposals are above the box rule's 0.2,
-as for a trained detector. Three timings over the same 640 x 480 JPEG images (COCO's usual size):
+as for a trained detector (torchvision's own detections, in `detect` below, depend on that scale).
+Three timings over the same 640 x 480 JPEG images (COCO's usual size):
 
-  - detect:      `model(images)` on images already on the device (bench/extract_rois.py's bare);
+  - detect:      `model(images)` on images already on the device (bench/extract_rois.py's bare):
+                 torchvision's inference, with its own detections (per-class NMS of every box);
   - regions:     what extraction runs on the device (`score_regions`: every proposal's class
-                 distribution and feature);
-  - end to end:  `extract_to_store` with the paper preset's rule and store (decoding, the regions,
-                 the rule, float16 features and top-32 classes in shards, the index).
+                 distribution and feature, copied to the host), on images already on it;
+  - end to end:  `extract_to_store` with the paper preset's rule and store (decoding, the images'
+                 upload, the regions, the rule, float16 features and top-32 classes in shards,
+                 the index).
 
-Target: end to end >= 0.95 of detect. The regions pass's images/s is the extraction speed per GPU
-that `bench/store_scale.py` takes as `--detector-img-per-s`; this bench prints the hours it gives
-for Conceptual Captions.
+Target: end to end >= 0.95 of detect. End to end against regions is what extraction adds to the
+device's work. The end-to-end images/s gives the hours printed for Conceptual Captions (what
+`bench/store_scale.py` takes as `--detector-img-per-s`).
 
     python bench/detector_speed.py [--device cuda] [--batch-size 16] [--images 128]
 """
@@ -162,22 +165,30 @@ def main() -> None:
             return time.perf_counter() - start
 
         passes = {"detect": detect, "regions": regions, "end to end": end_to_end}
-        for run in passes.values():  # warm-up: allocator, cuDNN's algorithm search, page cache
+        for run in passes.values():  # warm-up: the allocator, CUDA's lazy loading, the page cache
             timed(run)
         # Interleaved, best of N each: a slow spell of the machine hits every pass alike.
         rounds = [{name: timed(run) for name, run in passes.items()} for _ in range(args.repeats)]
         best = {name: min(r[name] for r in rounds) for name in passes}
-        kept = np.mean(
-            [len(r.boxes) - 1 for r in backend.extract(images[: args.batch_size], [None] * args.batch_size)]
-        )
+        sample = images[: args.batch_size]
+        with torch.inference_mode():
+            scored = backend.forward_regions(sample, [None] * len(sample))
+            proposals = np.mean([len(boxes) - 1 for boxes, _, _ in scored])
+            kept = np.mean([len(result.boxes) - 1 for result in backend.select(sample, [None] * len(sample), scored)])
 
     device = torch.cuda.get_device_name() if cuda else f"cpu, {args.threads} threads"
-    print(f"R101-C4 Faster R-CNN, {VISUAL_GENOME_CLASSES + 1} classes, 300 proposals, 600/1000 px; untrained")
+    if cuda:
+        device += (
+            f"; TF32 convolutions {torch.backends.cudnn.allow_tf32}, matmuls {torch.backends.cuda.matmul.allow_tf32}"
+        )
+    print(f"R101-C4 Faster R-CNN, {VISUAL_GENOME_CLASSES + 1} classes, 300 proposals at most, 600/1000 px; untrained")
     print(f"device: {device}; {args.images} JPEGs of 640 x 480, batches of {args.batch_size}")
-    print(f"rule: {PAPER_RULE} (kept {kept:.0f} regions an image); store: {PAPER_STORE}")
+    print(f"proposals: {proposals:.0f} an image; rule: {PAPER_RULE}, kept {kept:.0f} an image")
+    print(f"store: {PAPER_STORE}")
     for name, seconds in best.items():
         print(f"{name:>11}: {args.images / seconds:7.1f} img/s")
     print(f"ratio end to end / detect (target >= 0.95): {best['detect'] / best['end to end']:.2f}")
+    print(f"ratio end to end / regions: {best['regions'] / best['end to end']:.2f}")
     hours = CC_IMAGES * best["end to end"] / args.images / 3600
     print(f"Conceptual Captions, {CC_IMAGES:,} images, end to end: {hours:,.1f} h on one, {hours / 64:.2f} h on 64")
 

@@ -128,7 +128,8 @@ def test_rule_equals_nms_over_every_class_and_proposal(rule, classes, extent, se
 @pytest.mark.parametrize("seed", range(20))
 def test_per_class_nms_on_the_iou_matrix_keeps_what_torchvision_keeps_class_by_class(seed):
     """Small boxes on a grid, tied scores and overlaps at the threshold itself (IoU 0.3 in float32
-    is above 0.3, and torchvision's kernel suppresses it): the matrix form keeps the same pairs."""
+    is above 0.3, and torchvision's kernel suppresses it; 0.5 is exact, and is not above 0.5): the
+    matrix form keeps the same pairs."""
     generator = torch.Generator().manual_seed(seed)
     corner = torch.randint(0, 12, (80, 2), generator=generator).float()
     boxes = torch.cat([corner, corner + torch.randint(1, 11, (80, 2), generator=generator)], 1)
@@ -141,6 +142,9 @@ def test_per_class_nms_on_the_iou_matrix_keeps_what_torchvision_keeps_class_by_c
     one = torch.tensor([0.9, 0.8]), torch.zeros(2, dtype=torch.long)
     assert rules._per_class_nms_matrix(at_threshold, *one, 0.3).tolist() == [0]
     assert rules._per_class_nms_by_class(at_threshold, *one, 0.3).tolist() == [0]
+    exactly_at = torch.tensor([[0.0, 0, 10, 10], [0, 0, 5, 10]])  # IoU 50 / 100, not above 0.5: both kept
+    assert sorted(rules._per_class_nms_matrix(exactly_at, *one, 0.5).tolist()) == [0, 1]
+    assert sorted(rules._per_class_nms_by_class(exactly_at, *one, 0.5).tolist()) == [0, 1]
 
 
 def test_extraction_applies_the_rule_plus_the_whole_image(backend, smoke_world):
