@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torchvision.ops import nms
+from torchvision.ops import box_iou, nms
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,9 @@ def _per_class_nms_matrix(boxes: torch.Tensor, scores: torch.Tensor, classes: to
     the threshold in float64. Across classes nothing is suppressed, so one pass over every class
     in score order keeps what one pass a class keeps."""
     order = torch.argsort(scores, descending=True, stable=True)
-    x1, y1, x2, y2 = boxes[order].unbind(1)
-    areas = (x2 - x1) * (y2 - y1)
-    width = (torch.minimum(x2[:, None], x2) - torch.maximum(x1[:, None], x1)).clamp(min=0)
-    height = (torch.minimum(y2[:, None], y2) - torch.maximum(y1[:, None], y1)).clamp(min=0)
-    inter = width * height
-    overlap = inter / (areas[:, None] + areas - inter)
-    suppresses = ((overlap.double() > iou) & (classes[order][:, None] == classes[order])).numpy()
+    ordered, same_class = boxes[order], classes[order]
+    overlap = box_iou(ordered, ordered)  # the kernel's float32 operations, in its order
+    suppresses = ((overlap.double() > iou) & (same_class[:, None] == same_class)).numpy()
     suppressed = np.zeros(len(order), dtype=bool)
     kept = []
     for position in range(len(order)):
