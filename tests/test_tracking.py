@@ -47,3 +47,29 @@ def test_artifacts_live_beside_the_store_and_are_read_back_without_leaving_a_cop
     assert stored.read_text() == written.read_text()  # in the study's results folder, not ./mlruns
     assert read_artifact_text(uri, tracker.run_id, "predictions_val.json") == written.read_text()
     assert list(scratch.iterdir()) == []
+
+
+def test_a_parent_run_ends_the_child_runs_left_running(tmp_path):
+    # Seen: the last trial of a sweep stayed RUNNING in MLflow (Ray ended its worker first).
+    from mlflow.tracking import MlflowClient
+
+    from vlbert.tracking import ENDED_TAG
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = MLflowTracker(uri, "vlbert-ablation-smoke", "sweep", {}, system_metrics=False)
+    children = [
+        MLflowTracker(uri, "vlbert-ablation-smoke", f"trial-{i}", {}, parent.run_id, system_metrics=False)
+        for i in range(3)
+    ]
+    other = MLflowTracker(uri, "vlbert-ablation-smoke", "another", {}, system_metrics=False)
+    for child in children + [other]:
+        child.start()
+    children[0].close("KILLED")
+    children[1].close()
+    parent.end_children("the sweep ended")
+    runs = {run_id: MlflowClient(uri).get_run(run_id) for run_id in [c.run_id for c in children] + [other.run_id]}
+    status = [runs[c.run_id].info.status for c in children]
+    assert status == ["KILLED", "FINISHED", "KILLED"]
+    assert runs[children[2].run_id].data.tags[ENDED_TAG] == "the sweep ended"
+    assert ENDED_TAG not in runs[children[1].run_id].data.tags
+    assert runs[other.run_id].info.status == "RUNNING"  # not a child of this run

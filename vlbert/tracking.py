@@ -67,6 +67,9 @@ class Tracker(Protocol):
         """An earlier run that will never go on (its training was killed and is not resumed):
         ended as KILLED, saying why, unless it already ended."""
 
+    def end_children(self, why: str) -> None:
+        """Mark this run's child runs that are still RUNNING as KILLED, saying why."""
+
     def log_params(self, params: dict) -> None: ...
     def log_metrics(self, metrics: dict, step: int | None = None) -> None: ...
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
@@ -83,6 +86,9 @@ class NullTracker:
         return continue_run  # a resumed training still belongs to the run it was recorded in
 
     def abandon(self, run_id, why):
+        pass
+
+    def end_children(self, why):
         pass
 
     def log_params(self, params):
@@ -255,6 +261,16 @@ class MLflowTracker:
         self.client.set_tag(run_id, ENDED_TAG, why)
         self.client.set_terminated(run_id, status="KILLED")
         print(f"MLflow run {run_id} marked KILLED: {why}")
+
+    def end_children(self, why: str) -> None:
+        if self._run_id is None:
+            return
+        running = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{PARENT_RUN_TAG}` = '{self._run_id}' and attributes.status = 'RUNNING'",
+        )
+        for run in running:
+            self.abandon(run.info.run_id, why)
 
     def log_params(self, params: dict) -> None:
         if self._run_id is None:

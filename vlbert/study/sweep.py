@@ -6,6 +6,8 @@ the job's cores (or GPUs) allow, a crashed trial retried. Trials never look at t
 MLflow: each task's sweep is a parent run, every trial a child run (mlflow.parentRunId) in the
 same experiment. The result is OUT/<task>/best.json; each trial's folder is
 OUT/<task>/trials/lr_<lr>/, where the chosen run's seed can continue it (`continue_trial`).
+The Tuner and its Ray run in a driver process of their own, which hands the trials over before
+Ray's teardown (`run_in_driver_process`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +38,8 @@ from ..tracking import (
     val_metric,
 )
 
+# Ray can end a trial's worker before the trial closes its MLflow run (the sweep's last trial, say).
+UNCLOSED_TRIAL = "the sweep ended; Ray stopped this trial before it closed its run"
 METRIC = val_metric("accuracy")  # the sweeps' score, as the training loop logs it each epoch
 FAULT_ONCE = "VLBERT_FAULT_ONCE"  # test hook: a trial crashes once if this file does not exist yet
 # A local Ray's temp folder: /tmp/ray-vlbert-<PID of the process that started it>-XXXXXXXX. Short,
@@ -249,33 +254,198 @@ def run_sweeps(
     torch per worker, not per trial) and keep the job's cores busy across tasks; ASHA compares
     trials of the same task only. Writes OUT/<task>/best.json per task and returns {task: summary}.
     `make_parent(task)` gives each task's MLflow parent run (a Tracker); trials log child runs.
+    The Tuner (`_tune`) runs in a Ray driver process of its own (`run_in_driver_process`).
     """
     out = Path(out).resolve()
-    address = preset.get("sweep", {}).get("address")
     parents = {task: make_parent(task) if make_parent else NullTracker() for task in tasks}
     try:
-        # A local Ray is sized to this job.
-        with (
-            _cluster_ray(address)
-            if address
-            else local_ray(cores or os.cpu_count() or 1, 0 if device == "cpu" else None)
-        ):
-            trials = _tune(preset, setting_name, tasks, out, parents, inputs, device, cores)
+        parent_run_ids = {task: getattr(parent, "run_id", None) for task, parent in parents.items()}
+        trials = run_in_driver_process(
+            _tune, (preset, setting_name, tasks, out, parent_run_ids, inputs, device, cores)
+        )
         summaries = {
             task: _summarise(setting_name, task, trials[task], preset, out / task, parents[task]) for task in tasks
         }
     except BaseException:
         for parent in parents.values():
+            parent.end_children(UNCLOSED_TRIAL)
             parent.close("FAILED")
         raise
     for task, parent in parents.items():
+        parent.end_children(UNCLOSED_TRIAL)
         parent.log_artifact(out / task / "best.json")
         parent.close()
     return summaries
 
 
-def _tune(preset, setting_name, tasks, out, parents, inputs: RunInputs, device, cores) -> dict[str, list[dict]]:
-    """One Tuner over the grid tasks x learning rates; returns each task's trials."""
+# ---- the Ray driver's process ----------------------------------------------------------------
+# Ray's driver can end its process with status 1 once ray.shutdown() has run: a thread of its
+# core worker calls into the core worker just destroyed, and Ray quits the process on the spot
+# (its log's last line: "The core worker process is not initialized yet or already shutdown").
+# No Python code runs after that, so a sweep's results would be lost with it. The driver
+# therefore runs in a process of its own that hands its trials over before Ray's teardown.
+
+DRIVER_FAULT = "VLBERT_FAULT_DRIVER_EXIT"  # test hook: the driver quits (status 1) once its trials are handed over
+DRIVER_LOGS = "ray_driver_logs"  # OUT/<this>: the Ray logs of a driver that ended before its trials did
+
+
+def run_in_driver_process(tune, args: tuple):
+    """Run `tune(*args)` (a module-level function with `_tune`'s arguments) in a spawned process
+    under the sweep's Ray (local, sized to the job, or sweep.address), and return what it returns.
+
+    The driver ends with this process: SIGTERM here reaches it, and it gets SIGTERM if this
+    process dies. If it ends before handing its trials over, its Ray's logs are kept in
+    OUT/ray_driver_logs and the error says so; if it ends badly after, its trials stand. Either
+    way no process of its Ray and no temp folder is left.
+    """
+    import multiprocessing
+
+    import psutil
+
+    context = multiprocessing.get_context("spawn")  # no fork of this process's threads
+    receiver, sender = context.Pipe(duplex=False)
+    setting_name, out = args[1], args[3]
+    driver = context.Process(target=_driver_main, args=(sender, os.getpid(), tune, args), name="ray-driver")
+    seen = {}  # the driver's descendants (its Ray), as seen from here while it runs
+    outcome = None
+    with _sigterm_as_exit():
+        driver.start()
+        sender.close()
+        try:
+            while outcome is None and (driver.is_alive() or receiver.poll()):
+                seen |= _descendants(driver.pid)
+                if receiver.poll(1.0):
+                    try:
+                        outcome = receiver.recv()
+                    except EOFError:
+                        break
+            driver.join(120)  # its Ray's teardown
+        finally:
+            if driver.is_alive():
+                driver.terminate()  # its Ray's SIGTERM handler runs local_ray's clean-up
+                driver.join(60)
+                if driver.is_alive():
+                    driver.kill()
+                    driver.join()
+            receiver.close()
+            _, alive = psutil.wait_procs(list(seen.values()), timeout=10)
+            for process in alive:
+                try:
+                    process.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            logs = _keep_driver_logs(driver.pid, out / DRIVER_LOGS) if outcome is None else None
+            for folder in Path("/tmp").glob(f"{RAY_TEMP_PREFIX}{driver.pid}-*"):
+                shutil.rmtree(folder, ignore_errors=True)
+    if outcome is None:
+        raise RuntimeError(
+            f"the sweep's Ray driver (pid {driver.pid}) ended with {_ending(driver.exitcode)} before its "
+            f"trials were done" + (f"; its Ray's logs: {logs}" if logs else "")
+        )
+    kind, value, trace = outcome
+    if kind == "error":
+        if isinstance(value, BaseException):
+            value.add_note(f"in the sweep's Ray driver:\n{trace}")
+            raise value
+        raise RuntimeError(f"the sweep's Ray driver failed:\n{trace}")
+    if driver.exitcode:
+        print(
+            f"sweep {setting_name}: the Ray driver ended with {_ending(driver.exitcode)} after handing over "
+            "its trials (in Ray's teardown); the trials stand",
+            file=sys.stderr,
+        )
+    return value
+
+
+def _ending(exitcode: int) -> str:
+    return f"signal {-exitcode}" if exitcode < 0 else f"exit status {exitcode}"
+
+
+def _driver_main(sender, parent_pid: int, tune, args) -> None:
+    """The driver process: the sweep's Ray for the length of `tune`, whose result is sent before
+    Ray's teardown, which may end this process."""
+    _end_with_parent(parent_pid)
+    preset, device, cores = args[0], args[6], args[7]
+    address = preset.get("sweep", {}).get("address")
+    try:
+        with (
+            _cluster_ray(address)
+            if address
+            else local_ray(cores or os.cpu_count() or 1, 0 if device == "cpu" else None)
+        ):
+            sender.send(("trials", tune(*args), None))
+            if os.environ.get(DRIVER_FAULT):
+                os._exit(1)  # as Ray's teardown does, its processes still up
+    except BaseException as exc:
+        import pickle
+        import traceback
+
+        trace = traceback.format_exc()
+        try:
+            pickle.dumps(exc)
+        except Exception:
+            exc = None
+        try:
+            sender.send(("error", exc, trace))
+        except (OSError, ValueError):
+            raise  # no one to tell: the traceback goes to stderr
+        sys.exit(1)  # the sweep's process raises it
+
+
+def _end_with_parent(parent_pid: int) -> None:
+    """SIGTERM to this process when the sweep's process dies (Linux), so its Ray is cleaned up."""
+    import ctypes
+    import signal
+
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # it died before prctl took effect
+        sys.exit(1)
+
+
+@contextmanager
+def _sigterm_as_exit():
+    """SIGTERM raises SystemExit in this (main) thread for the block, so clean-ups run."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_sigterm(signum, frame):
+        sys.exit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _descendants(pid: int) -> dict:
+    import psutil
+
+    try:
+        return {p.pid: p for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return {}
+
+
+def _keep_driver_logs(pid: int, destination: Path) -> Path | None:
+    """Copy the Ray logs of a driver that ended early (its temp folder goes) to `destination`."""
+    sessions = sorted(Path("/tmp").glob(f"{RAY_TEMP_PREFIX}{pid}-*/session_2*/logs"))
+    if not sessions:
+        return None
+    shutil.rmtree(destination, ignore_errors=True)
+    shutil.copytree(sessions[-1], destination, ignore=shutil.ignore_patterns("*.sock"), dirs_exist_ok=True)
+    return destination
+
+
+def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, device, cores) -> dict[str, list[dict]]:
+    """One Tuner over the grid tasks x learning rates; returns each task's trials. Runs in the
+    driver process, under its Ray."""
     from ray import tune
 
     from ..tracking import default_tracking_uri
@@ -284,7 +454,6 @@ def _tune(preset, setting_name, tasks, out, parents, inputs: RunInputs, device, 
     seed = sweep_seed(preset)
     threads = int(options.get("cpus_per_trial", 1))
     gpus = float(options.get("gpus_per_trial", 0 if device == "cpu" else 1))
-    parent_run_ids = {task: getattr(parent, "run_id", None) for task, parent in parents.items()}
     resolve = lambda p: str(Path(p).resolve()) if p is not None and Path(p).exists() else (str(p) if p else None)
     grid = [{"task": task, "lr": lr} for task in tasks for lr in sweep_lrs(preset, task)]
     space = {
