@@ -92,19 +92,27 @@ def local_ray(cpus: int, gpus: float | None = 0):
     finally:
         started |= {p.pid: p for p in me.children(recursive=True) if p.pid not in before}
         ray.shutdown()
-        _, alive = psutil.wait_procs(list(started.values()), timeout=10)
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        _end_processes(started.values())
         shutil.rmtree(folder, ignore_errors=True)
         ray_constants.ENABLE_RAY_CLUSTER = saved[1]
         if saved[0] is None:
             os.environ.pop(RAY_CLUSTERS, None)
         else:
             os.environ[RAY_CLUSTERS] = saved[0]
+
+
+def _end_processes(processes) -> None:
+    """Give Ray's processes 10 s to end on their own (agents leave when their raylet has gone),
+    then kill those left."""
+    import psutil
+
+    _, alive = psutil.wait_procs(list(processes), timeout=10)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def _remove_dead_ray_folders() -> None:
@@ -300,8 +308,6 @@ def run_in_driver_process(tune, args: tuple):
     """
     import multiprocessing
 
-    import psutil
-
     context = multiprocessing.get_context("spawn")  # no fork of this process's threads
     receiver, sender = context.Pipe(duplex=False)
     setting_name, out = args[1], args[3]
@@ -328,12 +334,7 @@ def run_in_driver_process(tune, args: tuple):
                     driver.kill()
                     driver.join()
             receiver.close()
-            _, alive = psutil.wait_procs(list(seen.values()), timeout=10)
-            for process in alive:
-                try:
-                    process.kill()
-                except psutil.NoSuchProcess:
-                    pass
+            _end_processes(seen.values())
             logs = _keep_driver_logs(driver.pid, out / DRIVER_LOGS) if outcome is None else None
             for folder in Path("/tmp").glob(f"{RAY_TEMP_PREFIX}{driver.pid}-*"):
                 shutil.rmtree(folder, ignore_errors=True)
