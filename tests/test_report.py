@@ -24,8 +24,9 @@ class Store:
         self.experiment = self.client.create_experiment("vlbert-ablation-smoke")
         self.clock = 1_700_000_000_000
 
-    def run(self, setting, task, seed, accuracy=None, status="FINISHED") -> str:
-        """One run, newer than every run before it; `accuracy` None: it logged no final figures."""
+    def run(self, setting, task, seed, accuracy=None, status="FINISHED", **final) -> str:
+        """One run, newer than every run before it; `accuracy` None: it logged no final figures;
+        `final`: more final metrics (final_<name>)."""
         from mlflow.entities import Metric
 
         self.clock += 1000
@@ -38,7 +39,8 @@ class Store:
         if accuracy is not None:
             self.client.log_batch(
                 run.info.run_id,
-                metrics=[Metric(f"final_{split}_accuracy", accuracy, self.clock, 1) for split in ("val", "test")],
+                metrics=[Metric(f"final_{split}_accuracy", accuracy, self.clock, 1) for split in ("val", "test")]
+                + [Metric(f"final_{name}", value, self.clock, 1) for name, value in final.items()],
             )
         if status != "RUNNING":
             self.client.set_terminated(run.info.run_id, status=status)
@@ -135,7 +137,7 @@ def test_a_finding_without_data_is_no_data_never_a_disagreement(gappy_study, tmp
     assert "## sentence-image relation prediction hurts (c vs b): no data" in text
     assert "| vqa | no data |" in text
     # a's RefCOCO+ has one seed: b vs a there has no known spread, so nothing is beyond it
-    assert "| refcoco_det | +5.50 | n/a (n=1) | yes | n/a |" in text
+    assert "| refcoco_det | +5.50 | n/a (n=1) | n/a | yes | n/a | n/a |" in text
     assert "4 of 6 findings agree with the paper, 2 without data" in out
 
 
@@ -243,7 +245,7 @@ def test_vcr_is_reported_per_kind_of_question_when_the_file_names_the_kinds(tmp_
                     }
                     for r in records
                 ]
-                path = tmp_path / "predictions_val.json"
+                path = tmp_path / "predictions_test.json"  # VCR's reported split
                 path.write_text(json.dumps(predictions))
                 store.client.log_artifact(run_id, str(path))
     write_report(store.uri, "vlbert-ablation-smoke", tmp_path / "report", vcr_val=vcr / "val.jsonl")
@@ -260,3 +262,37 @@ def test_vcr_is_reported_per_kind_of_question_when_the_file_names_the_kinds(tmp_
     write_report(store.uri, "vlbert-ablation-smoke", tmp_path / "real", vcr_val=vcr / "val.jsonl")
     text = (tmp_path / "real" / "vcr_q2ar.md").read_text()
     assert "| no_pretrain | 50.0 ± 0.0 |" in text and "Per kind" not in text
+
+
+def test_controls_put_each_cell_beside_its_shuffled_images_and_blind_floor(tmp_path, monkeypatch):
+    """Table 4's controls: a cell that its shuffled-image score or its blind floor reaches within
+    two standard errors of a difference is marked and named; findings are judged against the
+    larger of the seed spread and two standard errors of the difference."""
+    store = Store(tmp_path)
+    for setting, score in SCORES.items():
+        for task in TABLE4_TASKS:
+            # a's VQA reads no image: its shuffled-image score is its score
+            shuffled = score - 1.0 if (setting, task) == ("a", "vqa") else 30.0
+            for seed in (0, 1):
+                store.run(setting, task, seed, score + seed, test_n=2000, test_shuffled_images_accuracy=shuffled)
+    floors = {
+        "vqa": {"reported": {"question_only": 36.6, "question_only_pairs": 0.0, "n": 2000}},
+        "vcr_q2a": {"reported": {"text_only": 25.7, "option_only": 24.0, "n": 2000}},
+        "vcr_qa2r": {"reported": {"text_only": 23.4, "option_only": 24.4, "n": 2000}},
+        "refcoco_det": {"reported": {"no_colour_rule": 41.0, "n": 1000}},  # no_pretrain's 40.5 does not clear it
+    }
+    (tmp_path / "results/smoke").mkdir(parents=True)
+    (tmp_path / "results/smoke/floors.json").write_text(json.dumps(floors))
+    report = _report(store, tmp_path, monkeypatch)
+    text = (report / "table4_controls.md").read_text()
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| 45.5 | 1.1 | 44.0 ✗ | 1.5 | 36.6 |" in rows["a", "VQA"]  # SE: sqrt(.455 * .545 / 2000)
+    assert "| 40.5 | 1.1 | 30.0 | 10.5 | 41.0 ✗ |" in rows["no_pretrain", "RefCOCO+ det"]
+    assert "a / vqa (shuffled images)" in text and "no_pretrain / refcoco_det (blind floor)" in text
+    findings = {f["id"]: f for f in json.loads((report / "findings.json").read_text())}
+    # full - d on VQA: +5.0, seed spread 0.71, 2 SE of the difference 2 * 1.55 = 3.10: beyond both
+    vqa = next(t for t in findings["tune_frcnn_helps"]["tasks"] if t["task"] == "vqa")
+    assert vqa["se_diff"] == pytest.approx(1.55, abs=0.01) and vqa["beyond_noise"] is True
+    # c - b: -2.0 is beyond the seed spread (0.71) but within 2 SE of the difference
+    vqa = next(t for t in findings["sirp_hurts"]["tasks"] if t["task"] == "vqa")
+    assert vqa["beyond_spread"] is True and vqa["beyond_noise"] is False

@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rewrite data sets that are up to date")
     _add_quiet_argument(p)
 
+    p = _add_verb(
+        verbs,
+        "floors",
+        runs.floors,
+        "the tasks' blind floors (question-only, text-only, no-colour rule) from the files",
+    )
+    p.add_argument("--out", help="output JSON (default: the preset's results/<name>/floors.json)")
+
     p = _add_verb(verbs, "train-detector", runs.train_detector, "train the Faster R-CNN on the detector split")
     p.add_argument("--data", required=True, help="detector data folder (COCO layout)")
     p.add_argument("--out", required=True, help="output folder for the weights, config and metrics")

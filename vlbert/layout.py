@@ -77,6 +77,11 @@ class Layout:
         return self.finetune(setting) / task / f"seed{seed}"
 
     @property
+    def floors(self) -> Path:
+        """The tasks' blind floors, computed from the data files (`vlbert floors`)."""
+        return self.results / "floors.json"
+
+    @property
     def mlflow_db(self) -> Path:
         """The SQLite tracking store, where the preset names no tracking.uri."""
         return self.results / "mlflow.db"

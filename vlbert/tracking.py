@@ -45,6 +45,10 @@ def val_metric(name: str) -> str:
     return f"{VAL_PREFIX}{name}"
 
 
+# The test split scored a second time with its images shuffled among the items (final metrics).
+SHUFFLED_IMAGES_SPLIT = "test_shuffled_images"
+
+
 def final_metric(split: str, name: str = "accuracy") -> str:
     return f"final_{split}_{name}"
 

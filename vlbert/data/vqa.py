@@ -126,3 +126,23 @@ def read_vqa(questions_path, annotations_path=None, image_root=None) -> list[VQA
             )
         )
     return require_nonempty(examples, questions_path, "questions")
+
+
+def complementary_pairs_name(subtype: str) -> str:
+    """VQA v2's file of complementary pairs for a question set: the same question on two images
+    with different answers (released for train2014 and val2014; the synthetic world writes one
+    for every set)."""
+    return f"v2_mscoco_{subtype}_complementary_pairs.json"
+
+
+def read_complementary_pairs(path) -> list[tuple[int, int]]:
+    """[(question_id, question_id)] from a complementary-pairs file (a JSON list of id pairs)."""
+    data = load_json(path, "VQA complementary pairs")
+    if not isinstance(data, list):
+        raise DataFormatError(path, "expected a list of [question_id, question_id] pairs")
+    pairs = []
+    for k, pair in enumerate(data):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(q, int) for q in pair)):
+            raise DataFormatError(path, f"expected [question_id, question_id], got {pair!r}", key=f"[{k}]")
+        pairs.append((pair[0], pair[1]))
+    return pairs

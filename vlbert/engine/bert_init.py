@@ -44,16 +44,14 @@ def world_texts(data_root) -> list[str]:
     from ..data.refcoco import RefCOCO
     from ..data.vcr import read_vcr
     from ..data.vqa import read_vqa
+    from ..tasks.vcr import vcr_text
 
     corpus, captions, questions, vcr, refs, _ = world_text_files(data_root)
     texts = read_corpus(corpus)
     texts += [c.caption for c in read_captions(captions)]
     texts += [q.question for q in read_vqa(questions)]
     for item in read_vcr(vcr):
-        for tokens in (item.question, *item.answer_choices, *item.rationale_choices):
-            texts.append(
-                " ".join(w if isinstance(w, str) else " and ".join(item.objects[i] for i in w) for w in tokens)
-            )
+        texts += [vcr_text(t, item.objects) for t in (item.question, *item.answer_choices, *item.rationale_choices)]
     texts += [e.sentence for e in RefCOCO(refs.parent).expressions("train")]
     return texts
 

@@ -15,8 +15,14 @@ import torch
 
 from .. import io, tasks
 from ..config import finetune_epochs, finetune_options
-from ..tasks.regions import feature_mean
-from ..tracking import BEST_EPOCH_METRIC, PARAMETERS_METRIC, TRAINABLE_PARAMETERS_METRIC, final_metric
+from ..tasks.regions import feature_mean, with_other_images
+from ..tracking import (
+    BEST_EPOCH_METRIC,
+    PARAMETERS_METRIC,
+    SHUFFLED_IMAGES_SPLIT,
+    TRAINABLE_PARAMETERS_METRIC,
+    final_metric,
+)
 from .build import build_model
 from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
@@ -153,11 +159,14 @@ def finetune(
     best = task.model_class.from_pretrained(out / "best").to(device)
     val_predictions = predict(best, task, val, batch_size)
     io.write_json(out / "predictions_val.json", val_predictions)
-    test = {}
+    test, test_shuffled = {}, {}
     if score_test:  # sweeps select on val and never get here; the chosen runs look at test once
-        test_predictions = predict(best, task, task.examples("test"), batch_size)
+        test_examples = task.examples("test")
+        test_predictions = predict(best, task, test_examples, batch_size)
         io.write_json(out / "predictions_test.json", test_predictions)
-        test = task.score(test_predictions, "test")
+        test = {**task.score(test_predictions, "test"), "n": len(test_examples)}
+        # The same checkpoint with the test images shuffled among the questions: the image's share.
+        test_shuffled = task.score(predict(best, task, with_other_images(test_examples, seed), batch_size), "test")
     metrics = {
         "setting": setting.name,
         "task": task_name,
@@ -167,6 +176,7 @@ def finetune(
         "epochs": epochs,
         "val": task.score(val_predictions, "val"),
         "test": test,
+        "test_shuffled_images": test_shuffled,
         "val_history": state.history,
         "data_wait_share": round(loop_speed(loop, batch_size)["data_wait_share"], 4),
     }
@@ -178,6 +188,7 @@ def finetune(
             TRAINABLE_PARAMETERS_METRIC: sum(p.numel() for p in model.parameters() if p.requires_grad),
             **{final_metric("val", k): v for k, v in metrics["val"].items()},
             **{final_metric("test", k): v for k, v in test.items()},
+            **{final_metric(SHUFFLED_IMAGES_SPLIT, k): v for k, v in test_shuffled.items()},
         },
         step=state.step,
     )

@@ -269,3 +269,19 @@ def vqa_accuracy(annotations: dict[int, dict], predictions: dict[int, str], digi
         "perQuestionType": {k: pct(v) for k, v in sorted(by_question_type.items())},
         "n_questions": len(per_question),
     }
+
+
+def pair_accuracy(
+    annotations: dict[int, dict], predictions: dict[int, str], pairs: list[tuple[int, int]], digits: int = 2
+) -> float:
+    """The share of complementary pairs (the same question on two images with different answers)
+    whose two members are both answered with their most common human answer
+    (`multiple_choice_answer`, both normalised as the official evaluation does), in percent. A
+    model that gives both members one answer, as any model that does not look at the image does,
+    scores 0. Pairs with a member outside `annotations` are left out; the measure of the VQA v2
+    paper's balanced pairs, not of the official code."""
+    kept = [(a, b) for a, b in pairs if a in annotations and b in annotations]
+    if not kept:
+        raise ValueError("no complementary pair has both questions annotated")
+    right = lambda q: normalize_answer(predictions[q]) == normalize_answer(annotations[q]["multiple_choice_answer"])
+    return round(100 * sum(right(a) and right(b) for a, b in kept) / len(kept), digits)

@@ -27,6 +27,23 @@ def make_data(args) -> int:
     return 0
 
 
+def floors(args) -> int:
+    """What a model that does not look at the image scores on each task (vlbert.evaluation.floors)."""
+    from ..config import dataset_root, load_config
+    from ..evaluation.floors import blind_floors
+    from ..io import write_json
+
+    config = load_config(args.config, check_paths_exist=True)
+    out = Path(args.out or Layout(config["name"]).floors)
+    result = blind_floors({name: dataset_root(config, name) for name in ("vqa", "vcr", "refcoco+")})
+    write_json(out, result, indent=2)
+    for task, roles in result.items():
+        reported = roles.get("reported", {})
+        print(f"{task}: " + ", ".join(f"{k} {v}" for k, v in reported.items()))
+    print(f"floors: {out}")
+    return 0
+
+
 def train_detector(args) -> int:
     """Train the C4/C5 Faster R-CNN on <data>/annotations/instances_train2017.json, report COCO mAP on
     val, save safetensors + config JSON."""
@@ -402,6 +419,7 @@ def report(args) -> int:
     """Read the study's runs from MLflow and write table4.{md,csv,tex}, findings.md, figures/*.png and
     runs.csv."""
     from ..config import dataset_root, load_config
+    from ..registry import TASKS
     from ..tracking import default_tracking_uri, experiment_name
     from .report import write_report
 
@@ -410,14 +428,16 @@ def report(args) -> int:
     experiment = experiment_name(config)
     layout = Layout(config["name"])
     sweeps = sorted(Path(args.sweeps or layout.sweeps).glob("*/*/best.json"))
-    vcr_val = dataset_root(config, "vcr") / "val.jsonl"
+    (vcr_split,) = TASKS["vcr_q2a"].splits[TASKS["vcr_q2a"].table4_split]
+    vcr_reported = dataset_root(config, "vcr") / f"{vcr_split}.jsonl"
     summary = write_report(
         uri,
         experiment,
         args.out,
         sweeps,
-        vcr_val if vcr_val.is_file() else None,
+        vcr_reported if vcr_reported.is_file() else None,
         detector_metrics=layout.detector / "metrics.json",
+        floors_path=layout.floors,
     )
     for warning in summary["warnings"]:
         print(f"vlbert report: warning: {warning}", file=sys.stderr)

@@ -63,13 +63,28 @@ class RefCOCOTask(Task):
         return out
 
     def score(self, predictions, split):
+        from ..evaluation.floors import word_subsets
         from ..evaluation.refcoco_eval import refcoco_accuracy
 
         expressions = [e for name in self.spec.splits[split] for e in self.dataset.expressions(name)]
-        result = refcoco_accuracy(expressions, {p["sent_id"]: p["bbox"] for p in predictions})
+        boxes = {p["sent_id"]: p["bbox"] for p in predictions}
+        result = refcoco_accuracy(expressions, boxes)
         counts = result.pop("n_expressions")
-        total = sum(counts.values())
-        return {
-            "accuracy": round(sum(result[s] * counts[s] for s in counts) / total, 2),
+        scores = {
+            "accuracy": _pooled(result, counts),
             **({f"accuracy_{s}": v for s, v in result.items()} if len(result) > 1 else {}),
         }
+        # Expressions with a word rare in fine-tuning (and the others), as nocaps scores novel objects.
+        for subset, ids in word_subsets(expressions, self._train_expressions()).items():
+            if ids:
+                part = refcoco_accuracy([e for e in expressions if e.sent_id in ids], {i: boxes[i] for i in ids})
+                scores[f"accuracy_{subset}"] = _pooled(part, part.pop("n_expressions"))
+        return scores
+
+    def _train_expressions(self):
+        return [e for name in self.spec.splits["train"] for e in self.dataset.expressions(name)]
+
+
+def _pooled(accuracy: dict[str, float], counts: dict[str, int]) -> float:
+    """The accuracy over several splits' expressions from each split's (refcoco_accuracy's)."""
+    return round(sum(accuracy[s] * counts[s] for s in counts) / sum(counts.values()), 2)

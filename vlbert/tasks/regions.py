@@ -114,3 +114,37 @@ def visual_batch(
                 loaded[r.image_path] = load_image(r.image_path)
             images.append(loaded[r.image_path] if need else None)
     return VisualInputs(boxes, sizes, valid, features if cached else None, images, masked)
+
+
+def with_other_images(examples: list[dict], seed: int = 0) -> list[dict]:
+    """The examples with their images shuffled among them: each reads another image's appearance
+    (its region features, detector classes and pixels) over its own boxes, so that a candidate
+    box (RefCOCO+) or a tag's region (VCR) stays where the example's text points. No example
+    keeps its own image (a derangement of the distinct images). What a checkpoint scores on these
+    is its score without the image's content: the image's share of a cell is the difference."""
+    key = lambda e: e["regions"].image_path or id(e["regions"])
+    images = list(dict.fromkeys(key(e) for e in examples))
+    if len(images) < 2:
+        raise ValueError("shuffling images among the examples needs at least two images")
+    first = {}
+    for e in examples:
+        first.setdefault(key(e), e["regions"])
+    order = [images[int(k)] for k in np.random.default_rng([seed, len(images)]).permutation(len(images))]
+    other = {image: first[order[(k + 1) % len(order)]] for k, image in enumerate(order)}
+    return [{**e, "regions": _appearance_of(e["regions"], other[key(e)])} for e in examples]
+
+
+def _appearance_of(own: Regions, other: Regions) -> Regions:
+    """`own`'s boxes with `other`'s appearance: row 0 (the whole image) from other's row 0, each
+    region from other's regions in turn (cycled where other has fewer)."""
+    rows = np.array([0] + [1 + k % other.num_rois if other.num_rois else 0 for k in range(own.num_rois)])
+    return Regions(
+        own.boxes,
+        other.labels[rows],
+        other.features[rows],
+        own.box_ids,
+        own.width,
+        own.height,
+        other.image_path,
+        None if other.probs is None else other.probs[rows],
+    )

@@ -77,8 +77,20 @@ class VQATask(Task):
         best = outputs.logits.argmax(-1).tolist()
         return [{"question_id": e["id"], "answer": self.answers[b]} for e, b in zip(examples, best)]
 
-    def score(self, predictions, split):
-        from ..evaluation.vqa_eval import vqa_accuracy
+    def pairs(self, split: str) -> list[tuple[int, int]] | None:
+        """The split's complementary pairs, when its folder has VQA v2's file of them."""
+        from ..data.vqa import complementary_pairs_name, read_complementary_pairs
 
-        result = vqa_accuracy(self.annotations(split), {p["question_id"]: p["answer"] for p in predictions})
-        return {"accuracy": result["overall"], **{f"accuracy_{k}": v for k, v in result["perAnswerType"].items()}}
+        path = self.root / complementary_pairs_name(self._subtype(split))
+        return read_complementary_pairs(path) if path.is_file() else None
+
+    def score(self, predictions, split):
+        from ..evaluation.vqa_eval import pair_accuracy, vqa_accuracy
+
+        answers = {p["question_id"]: p["answer"] for p in predictions}
+        result = vqa_accuracy(self.annotations(split), answers)
+        scores = {"accuracy": result["overall"], **{f"accuracy_{k}": v for k, v in result["perAnswerType"].items()}}
+        pairs = self.pairs(split)
+        if pairs:
+            scores["pair_accuracy"] = pair_accuracy(self.annotations(split), answers, pairs)
+        return scores

@@ -17,3 +17,21 @@ rule make_data:
     shell:
         "vlbert make-data --config {params.preset} --out {params.data} --only '{wildcards.dataset}' "
         "--quiet > {log} 2>&1"
+
+
+# What a model that does not look at the image scores on each task: the report puts it beside Table 4.
+rule floors:
+    input:
+        data_outputs(["vqa", "vcr", "refcoco+"]),
+    output:
+        str(LAYOUT.floors),
+    log:
+        f"{LAYOUT.logs}/floors.log",
+    benchmark:
+        f"{LAYOUT.benchmarks}/floors.tsv",
+    params:
+        preset=preset_file(),
+    conda:
+        CONDA_ENV
+    shell:
+        "vlbert floors --config {params.preset} --out {output} > {log} 2>&1"

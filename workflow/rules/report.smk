@@ -5,9 +5,12 @@ rule report:
     input:
         finetune_outputs(),
         detector_metrics=f"{LAYOUT.detector}/metrics.json",
+        floors=str(LAYOUT.floors),
     output:
         table=report(f"{LAYOUT.reports}/table4.md", caption="../report/table4.rst", category="Table 4"),
         csv=f"{LAYOUT.reports}/table4.csv",
+        controls=report(f"{LAYOUT.reports}/table4_controls.md", caption="../report/table4_controls.rst", category="Table 4"),
+        controls_csv=f"{LAYOUT.reports}/table4_controls.csv",
         tex=f"{LAYOUT.reports}/table4.tex",
         findings=report(f"{LAYOUT.reports}/findings.md", caption="../report/findings.rst", category="Findings"),
         runs=f"{LAYOUT.reports}/runs.csv",

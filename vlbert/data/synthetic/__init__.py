@@ -17,13 +17,13 @@ from tqdm import tqdm
 
 from ... import io
 from ...registry import DATASETS, TASKS
-from ..vcr import OBJECT_NAMES
-from ..vqa import UNKNOWN_ANSWER
+from ..vqa import UNKNOWN_ANSWER, complementary_pairs_name
 from . import captions, corpus, refcoco, vcr, vqa
 from .language import tokenize
 from .world import (
     COLOURS,
     SHAPES,
+    SIZES,
     Scene,
     coco_area,
     coco_bbox,
@@ -132,40 +132,55 @@ def write_text_corpus(spec: dict, root: Path) -> None:
     io.write_text(root / "corpus.txt", "\n".join(passages) + "\n")
 
 
+def _vqa_pairs(spec: dict, split: str, count: int):
+    """Yield (pair index, question fields, [(scene, answer, image, rng)] x 2) for one split: the
+    kinds in equal shares, in a shuffled order."""
+    rng = np.random.default_rng(stable_seed(spec["seed"], "vqa", split))
+    kinds = [vqa.KINDS[k % len(vqa.KINDS)] for k in range(count)]
+    kinds = [kinds[k] for k in rng.permutation(count)]
+    for index in tqdm(
+        range(count), desc=f"vqa {split}", unit="pair", leave=False, disable=not spec.get("progress", True)
+    ):
+        n = int(rng.integers(2, 7))
+        fields, scene_a, a, scene_b, b = vqa.complementary_pair(rng, spec["image_size"], kinds[index], n)
+        yield index, fields, [(scene_a, a, render(scene_a, rng), rng), (scene_b, b, render(scene_b, rng), rng)]
+
+
 def write_vqa(spec: dict, root: Path) -> None:
-    per_image = spec["vqa"].get("questions_per_image", 3)
+    """Complementary pairs (synthetic/vqa.py): `count` pairs a split, one question an image."""
     answer_counts: dict[str, int] = {}
     for split, count in spec["vqa"].items():
-        if split == "questions_per_image":
-            continue
         subtype, image_folder = VQA_SPLITS[split]
         (root / image_folder).mkdir(exist_ok=True)
-        questions, annotations, images, instances = [], [], [], []
-        for index, scene, image, rng in _scenes(spec, "vqa", split, count, (2, 6), "vqa"):
-            image_id = index + 1 + 1_000_000 * list(VQA_SPLITS).index(split)
-            file_name = f"COCO_{image_folder}_{image_id:012d}.jpg"
-            save_image(image, root / image_folder / file_name)
-            images.append(_coco_image(image_id, file_name, scene))
-            instances += _coco_annotations(scene, image_id, len(instances) + 1)
-            for k, item in enumerate(vqa.make_questions(scene, rng, per_image)):
-                question_id = image_id * 10 + k
-                answers = vqa.annotate(item["answer"], item["answer_type"], rng)
-                questions.append({"image_id": image_id, "question": item["question"], "question_id": question_id})
+        questions, annotations, images, instances, pairs = [], [], [], [], []
+        for index, fields, members in _vqa_pairs(spec, split, count):
+            pair = []
+            for member, (scene, answer, image, rng) in enumerate(members):
+                image_id = 2 * index + member + 1 + 1_000_000 * list(VQA_SPLITS).index(split)
+                file_name = f"COCO_{image_folder}_{image_id:012d}.jpg"
+                save_image(image, root / image_folder / file_name)
+                images.append(_coco_image(image_id, file_name, scene))
+                instances += _coco_annotations(scene, image_id, len(instances) + 1)
+                question_id = image_id * 10
+                answers = vqa.annotate(answer, fields["answer_type"], rng)
+                questions.append({"image_id": image_id, "question": fields["question"], "question_id": question_id})
                 annotations.append(
                     {
                         "question_id": question_id,
                         "image_id": image_id,
-                        "question_type": item["question_type"],
-                        "answer_type": item["answer_type"],
-                        "multiple_choice_answer": item["answer"],
+                        "question_type": fields["question_type"],
+                        "answer_type": fields["answer_type"],
+                        "multiple_choice_answer": answer,
                         "answers": [
                             {"answer": a, "answer_confidence": "yes", "answer_id": n + 1}
                             for n, a in enumerate(answers)
                         ],
                     }
                 )
+                pair.append(question_id)
                 if split == "train":
-                    answer_counts[item["answer"]] = answer_counts.get(item["answer"], 0) + 1
+                    answer_counts[answer] = answer_counts.get(answer, 0) + 1
+            pairs.append(pair)
         header = {"info": {"description": "vlbert-ablation synthetic world"}, "license": {}, "data_subtype": subtype}
         io.write_json(
             root / f"v2_OpenEnded_mscoco_{subtype}_questions.json",
@@ -188,6 +203,7 @@ def write_vqa(spec: dict, root: Path) -> None:
             root / f"v2_mscoco_{subtype}_annotations.json",
             {**header, "data_type": "mscoco", "annotations": annotations},
         )
+        io.write_json(root / complementary_pairs_name(subtype), pairs)
         coco = {"info": header["info"], "licenses": [], "images": images, "categories": CATEGORIES}
         if image_folder != "test2015":
             coco["annotations"] = instances
@@ -199,47 +215,47 @@ def write_vqa(spec: dict, root: Path) -> None:
 
 
 def write_vcr(spec: dict, root: Path) -> None:
-    # Objects are named by COCO category, as VCR's are (vcr.COCO_NAMES says why and which).
-    names = vcr.COCO_NAMES
-    io.write_json(root / OBJECT_NAMES, names)
+    """Adversarially matched questions (synthetic/vcr.py); every object written as a person."""
     for split, count in spec["vcr"].items():
-        lines = []
-        for index, scene, image, rng in _scenes(spec, "vcr", split, count, (2, 6), "vcr"):
+        rng = np.random.default_rng(stable_seed(spec["seed"], "vcr", split))
+        items = vcr.draw_items(rng, count)
+        records, tags = [], []
+        for index, item in enumerate(
+            tqdm(items, desc=f"vcr {split}", unit="img", leave=False, disable=not spec.get("progress", True))
+        ):
+            scene, item_tags = vcr.scene_for(item, rng, spec["image_size"], int(rng.integers(2, 7)))
             movie = f"synthetic_movie_{index // 50:04d}"
             stem = f"{movie}/{split}_{index:06d}"
             (root / "vcr1images" / movie).mkdir(parents=True, exist_ok=True)
-            save_image(image, root / "vcr1images" / f"{stem}.jpg")
+            save_image(render(scene, rng), root / "vcr1images" / f"{stem}.jpg")
             boxes = [[round(v, 2) for v in o.box] + [round(float(rng.uniform(0.9, 1.0)), 4)] for o in scene.objects]
+            names = [vcr.OBJECT_NAME] * len(scene.objects)
             io.write_json(
                 root / "vcr1images" / f"{stem}.json",
                 {
                     "boxes": boxes,
-                    "names": [names[o.shape] for o in scene.objects],
+                    "names": names,
                     "segms": [[[[round(x, 2), round(y, 2)] for x, y in o.polygon()]] for o in scene.objects],
                     "width": scene.width,
                     "height": scene.height,
                 },
             )
-            item = vcr.make_item(scene, rng)
-            kind = item.pop("kind")
-            lines.append(
-                json.dumps(
-                    {
-                        "annot_id": f"{split}-{index}",
-                        "movie": movie,
-                        "img_id": f"{split}-{index}",
-                        "img_fn": f"{stem}.jpg",
-                        "metadata_fn": f"{stem}.json",
-                        "objects": [names[o.shape] for o in scene.objects],
-                        "question_number": 0,
-                        "interesting_scores": [],
-                        "question_type": kind,
-                        **item,
-                    },
-                    sort_keys=True,
-                )
-                + "\n"
+            records.append(
+                {
+                    "annot_id": f"{split}-{index}",
+                    "movie": movie,
+                    "img_id": f"{split}-{index}",
+                    "img_fn": f"{stem}.jpg",
+                    "metadata_fn": f"{stem}.json",
+                    "objects": names,
+                    "question_number": 0,
+                    "interesting_scores": [],
+                    "question_type": item.kind,
+                }
             )
+            tags.append(item_tags)
+        choices = vcr.adversarial_choices(items, tags, rng)
+        lines = [json.dumps({**r, **c}, sort_keys=True) + "\n" for r, c in zip(records, choices)]
         io.write_text(root / f"{split}.jsonl", "".join(lines))
 
 
@@ -268,7 +284,10 @@ def _refcoco_forced(splits: list[str]):
         shape = kind[int(rng.integers(len(kind)))]
         copies = int(rng.integers(2, min(n, 3) + 1))
         others = [str(s) for s in rng.permutation(SHAPES) if s != shape][: n - copies]
-        return [{"shape": shape}] * copies + [{"shape": s} for s in others]
+        twin = {"shape": shape}
+        if rng.random() < refcoco.TWIN_SAME_SIZE:
+            twin["size"] = SIZES[int(rng.integers(len(SIZES)))]
+        return [twin] * copies + [{"shape": s} for s in others]
 
     return forced
 
@@ -278,6 +297,7 @@ def write_refcoco(spec: dict, root: Path) -> None:
     (root / "images").mkdir()
     images, annotations, refs = [], [], []
     splits = _refcoco_splits(spec, options["images"], options.get("held_out_fraction", 0.3))
+    rare_colours = options.get("rare_colours", refcoco.RARE_COLOURS)
     for index, scene, image, rng in _scenes(
         spec, "refcoco+", "all", options["images"], (3, 6), "refcoco+", forced=_refcoco_forced(splits)
     ):
@@ -292,6 +312,8 @@ def write_refcoco(spec: dict, root: Path) -> None:
         for k in refcoco.referable(scene):
             ann = anns[k]
             texts = refcoco.expressions(scene, k, rng, n=options.get("expressions_per_ref", 2))
+            if split == "train":
+                texts = [t for t in texts if not refcoco.names_rare_colour(t, rare_colours)]
             if not texts:
                 continue
             first_sent_id = sum(len(r["sent_ids"]) for r in refs)

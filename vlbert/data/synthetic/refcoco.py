@@ -8,6 +8,9 @@ As RefCOCO+ was collected, a referred object always has another object of its ca
 shape, the category in instances.json) in its image, and the two test splits divide the
 categories by kind: RefCOCO+'s testA refers to people, testB to other objects; here testA refers
 to the plain shapes and testB to the others (TEST_KINDS).
+
+Two colours (RARE_COLOURS) name no training expression, as rare words of a Zipfian vocabulary do;
+pre-training's captions name them as often as the others.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ import numpy as np
 from .world import Scene, SceneObject
 
 _ATTRIBUTES = ("size", "colour", "shape")
+# A long tail, as real vocabularies have: these colours name no training expression, while the
+# captions (pre-training) name them as often as any other; val and test score them as a subset.
+RARE_COLOURS = ("orange", "purple")
+# How often a referent's same-shape twins also share its size, so that colour tells them apart.
+TWIN_SAME_SIZE = 0.75
 # The world's stand-in for RefCOCO+'s people / other objects divide: two kinds of three shapes.
 TEST_KINDS = {"testA": ("circle", "square", "triangle"), "testB": ("diamond", "star", "cross")}
 
@@ -54,3 +62,7 @@ def expressions(scene: Scene, index: int, rng: np.random.Generator, n: int) -> l
         phrase = _describe(target, attrs)
         texts.append(phrase if rng.random() < 0.5 else f"the {phrase}")
     return texts
+
+
+def names_rare_colour(text: str, rare_colours=RARE_COLOURS) -> bool:
+    return any(word in rare_colours for word in text.split())

@@ -11,11 +11,13 @@ them in that order.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
 from ...layout import Layout
+from ...registry import TASKS
 from .figures import figure_bars, figure_grounding, figure_heatmap, figure_pretraining, figure_sweeps
 from .read import (
     collect_runs,
@@ -31,13 +33,14 @@ from .read import (
 from .render import (
     ground_truth_table,
     grounding_lines,
+    write_controls,
     write_detector,
     write_findings,
     write_pretraining,
     write_q2ar,
     write_tables,
 )
-from .statistics import findings, table4, table_warnings
+from .statistics import controls, findings, table4, table_warnings
 from .systems import figure_systems, write_systems
 
 __all__ = [
@@ -61,9 +64,16 @@ __all__ = [
 
 
 def write_report(
-    uri: str, experiment: str, out, sweep_files: list[Path] = (), vcr_val=None, detector_metrics=None
+    uri: str,
+    experiment: str,
+    out,
+    sweep_files: list[Path] = (),
+    vcr_val=None,
+    detector_metrics=None,
+    floors_path=None,
 ) -> dict:
-    """vcr_val: the VCR val.jsonl, whose labels Q->AR is scored against (no Q->AR without it).
+    """vcr_val: the VCR jsonl of the split Table 4 reports, whose labels Q->AR is scored against
+    (no Q->AR without it). floors_path: `vlbert floors`' JSON (no blind floors without it).
     detector_metrics: `vlbert train-detector`'s metrics.json; by default results/<preset>/detector's,
     <preset> being the report folder's name (reports/<preset>), as the workflow lays them out."""
     out = Path(out)
@@ -77,12 +87,15 @@ def write_report(
     pretrain_notes = latest_results(runs, "pretrain")[1]
     derived, by_kind = pd.DataFrame(), None
     if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]):
-        labels, predictions = vcr_labels(vcr_val), vcr_predictions(uri, finetunes)
+        split = TASKS["vcr_q2a"].table4_split
+        labels, predictions = vcr_labels(vcr_val), vcr_predictions(uri, finetunes, split)
         derived = derive_q2ar(finetunes, predictions, labels)
         kinds = vcr_question_kinds(vcr_val)
         by_kind = derive_vcr_kinds(finetunes, predictions, labels, kinds) if kinds else None
     table = table4(finetunes)
     write_tables(table, paper, out, finetune_notes)
+    floors = json.loads(Path(floors_path).read_text()) if floors_path and Path(floors_path).is_file() else {}
+    write_controls(controls(table, floors), floors, out)
     if not derived.empty:
         write_q2ar(derived, out, by_kind)
     results = findings(table, paper)

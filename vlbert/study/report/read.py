@@ -23,6 +23,7 @@ from ...tracking import (
     PARENT_RUN_TAG,
     SEED_TAG,
     SETTING_TAG,
+    SHUFFLED_IMAGES_SPLIT,
     STAGE_TAG,
     TASK_TAG,
     TRAINABLE_PARAMETERS_METRIC,
@@ -42,6 +43,10 @@ PRETRAINING_METRICS = ("mlm_accuracy", "mlm_accuracy_other_image", "visual_clue_
 # it needs torch): per kind ground_<kind>_own/_other/_gain/_chance/_n, and attention_img_share(_layer<i>).
 GROUNDING_KINDS = ("colour", "shape", "size")
 GROUNDING_PREFIXES = (val_metric("ground_"), val_metric("attention_img_"))
+
+
+# Figures of the reported split beside its accuracy, where a task scores them.
+SUBSET_METRICS = ("pair_accuracy", "accuracy_rare", "accuracy_seen")
 
 
 def paper_numbers() -> dict:
@@ -69,6 +74,11 @@ def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
                 "ended": tags.get(ENDED_TAG),  # why a run was ended from outside (killed, not continued)
                 "val_accuracy": metrics.get(final_metric("val")),
                 "test_accuracy": metrics.get(final_metric("test")),
+                # The controls: the same checkpoint on shuffled images, the items scored, and the
+                # tasks' own subsets (VQA's complementary pairs, RefCOCO+'s rare and seen words).
+                "test_shuffled_images_accuracy": metrics.get(final_metric(SHUFFLED_IMAGES_SPLIT)),
+                "test_n": metrics.get(final_metric("test", "n")),
+                **{f"test_{name}": metrics.get(final_metric("test", name)) for name in SUBSET_METRICS},
                 "best_epoch": metrics.get(BEST_EPOCH_METRIC),
                 "parameters": metrics.get(PARAMETERS_METRIC),
                 "trainable_parameters": metrics.get(TRAINABLE_PARAMETERS_METRIC),
@@ -154,7 +164,7 @@ def vcr_predictions(uri: str, finetunes: pd.DataFrame, split: str = "val") -> di
 
 
 def derive_vcr_kinds(finetunes: pd.DataFrame, predictions: dict, labels: dict, kinds: dict) -> pd.DataFrame:
-    """Each VCR Q->A and QA->R run's val accuracy per kind of question (`vcr_predictions`' rows):
+    """Each VCR Q->A and QA->R run's accuracy per kind of question (on `vcr_predictions`' rows):
     one row per (setting, seed, task, kind), with the kind's number of questions `n`."""
     from ...evaluation.vcr_eval import vcr_choices
 
@@ -170,7 +180,7 @@ def derive_vcr_kinds(finetunes: pd.DataFrame, predictions: dict, labels: dict, k
                     "task": task,
                     "kind": kind,
                     "n": len(ids),
-                    "val_accuracy": 100 * sum(chosen[a] == labels[a][label] for a in ids) / len(ids),
+                    "accuracy": 100 * sum(chosen[a] == labels[a][label] for a in ids) / len(ids),
                 }
                 for kind, ids in by_kind.items()
             ]
@@ -195,7 +205,7 @@ def derive_q2ar(finetunes: pd.DataFrame, predictions: dict, labels: dict) -> pd.
                 "seed": key[1],
                 "task": q2ar.name,
                 "stage": "derived",
-                "val_accuracy": vcr_accuracy(labels, merged)["q2ar"],
+                "accuracy": vcr_accuracy(labels, merged)["q2ar"],
             }
         )
     return pd.DataFrame(rows)

@@ -93,12 +93,56 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
     io.write_text(out / "table4.tex", "\n".join(tex) + "\n")
 
 
+def write_controls(controls: pd.DataFrame, floors: dict, out: Path) -> None:
+    """table4_controls.{md,csv}: each Table 4 cell beside its standard error, its checkpoints'
+    score with the images shuffled, the image's share and the task's blind floor."""
+    fmt = lambda v: MISSING if pd.isna(v) else f"{v:.1f}"
+    mark = lambda clears: "" if clears is None or pd.isna(clears) else "" if clears else " ✗"
+    lines = [
+        "# Table 4's controls: what each cell owes to the image",
+        "",
+        "Per setting and task (the reported split, mean over seeds): the cell; its standard error "
+        "(sqrt(p(1-p)/n) over the split's n items); the same checkpoints scored with the images "
+        "shuffled among the items (each reads another image's regions and pixels over its own "
+        "boxes); the image's share (cell minus shuffled); the blind floor (the best model that does "
+        "not look, computed from the files: floors.json). ✗: the cell does not clear it by two "
+        "standard errors of a difference.",
+        "",
+        "| setting | task | cell | SE | shuffled images | image's share | blind floor | extra |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    not_clearing = []
+    for _, row in controls.iterrows():
+        extra = ", ".join(
+            f"{label} {row[name]:.1f}"
+            for name, label in (("pairs", "pairs"), ("rare", "rare words"), ("seen", "seen words"))
+            if not pd.isna(row[name])
+        )
+        lines.append(
+            f"| {row['setting']} | {TASKS[row['task']].title} | {fmt(row['mean'])} | {fmt(row['se'])} "
+            f"| {fmt(row['shuffled'])}{mark(row['clears_shuffled'])} | {fmt(row['image_share'])} "
+            f"| {fmt(row['floor'])}{mark(row['clears_floor'])} | {extra} |"
+        )
+        for control, name in (("shuffled", "shuffled images"), ("floor", "blind floor")):
+            if row[f"clears_{control}"] is False:
+                not_clearing.append(f"{row['setting']} / {row['task']} ({name})")
+    lines += ["", "Cells that do not clear a control: " + (", ".join(not_clearing) if not_clearing else "none") + "."]
+    lines += ["", "## Blind floors (reported split; val in floors.json)", ""]
+    for task, roles in floors.items():
+        figures = roles.get("reported", {})
+        lines.append(f"- {TASKS[task].title}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+    io.write_text(out / "table4_controls.md", "\n".join(lines) + "\n")
+    controls.to_csv(out / "table4_controls.csv", index=False)
+
+
 def write_findings(results: list[dict], out: Path) -> None:
     lines = [
         "# The paper's findings, checked on this run",
         "",
         "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* "
-        "when larger than the larger of the two settings' seed standard deviations.",
+        "when larger than the larger of the two settings' seed standard deviations, and *beyond "
+        "the noise* when larger than both that spread and two standard errors of the difference "
+        "(the reported split's sampling error, table4_controls.md).",
         "",
     ]
     agree = sum(r["verdict"] == "agrees" for r in results)
@@ -119,16 +163,23 @@ def write_findings(results: list[dict], out: Path) -> None:
 def findings_lines(r: dict) -> list[str]:
     """One finding's section: its verdict, and per task our delta against the seed spread."""
     lines = [f"## {r['text']}: {r['verdict']}", ""]
-    lines.append("| task | delta | seed spread | sign as the paper's | beyond spread |")
-    lines.append("|---|---|---|---|---|")
+    lines.append(
+        "| task | delta | seed spread | 2 SE of the difference | sign as the paper's | beyond spread | beyond noise |"
+    )
+    lines.append("|---|---|---|---|---|---|---|")
+    yes_no = lambda v: "n/a" if v is None else "yes" if v else "no"
     for t in r["tasks"]:
         if t["missing"]:
-            lines.append(f"| {t['task']} | no data | {MISSING} | {MISSING} | {MISSING} |")
+            lines.append(f"| {t['task']} | no data |" + f" {MISSING} |" * 5)
             continue
         spread = "n/a (n=1)" if math.isnan(t["spread"]) else f"{t['spread']:.2f}"
-        beyond = "n/a" if t["beyond_spread"] is None else "yes" if t["beyond_spread"] else "no"
+        se_diff = t.get("se_diff", math.nan)
+        two_se = "n/a" if math.isnan(se_diff) else f"{2 * se_diff:.2f}"
         sign = "n/a (none stated)" if t["agrees"] is None else "yes" if t["agrees"] else "no"
-        lines.append(f"| {t['task']} | {t['delta']:+.2f} | {spread} | {sign} | {beyond} |")
+        lines.append(
+            f"| {t['task']} | {t['delta']:+.2f} | {spread} | {two_se} | {sign} | {yes_no(t['beyond_spread'])} "
+            f"| {yes_no(t.get('beyond_noise'))} |"
+        )
     gaps = [f"{t['task']} ({' and '.join(t['missing'])})" for t in r["tasks"] if t["missing"]]
     if gaps:
         measured = [t for t in r["tasks"] if not t["missing"]]
@@ -148,8 +199,14 @@ def write_q2ar(derived: pd.DataFrame, out: Path, kinds: pd.DataFrame | None = No
     """vcr_q2ar.md: VCR Q->AR per setting over seeds, from derive_q2ar's rows; with `kinds`
     (derive_vcr_kinds' rows), Q->A and QA->R per kind of question as well."""
     rows = [s for s in SETTINGS if s in TABLE4_SETTINGS or s in set(derived["setting"])]
-    q2ar = derived.groupby("setting")["val_accuracy"].agg(["mean", "std", "count"]).reindex(rows)
-    lines = ["# VCR Q->AR, from each seed's Q->A and QA->R runs", "", "| setting | VCR Q->AR (val) |", "|---|---|"]
+    q2ar = derived.groupby("setting")["accuracy"].agg(["mean", "std", "count"]).reindex(rows)
+    split = TASKS["vcr_q2a"].table4_split
+    lines = [
+        "# VCR Q->AR, from each seed's Q->A and QA->R runs",
+        "",
+        f"| setting | VCR Q->AR ({split}) |",
+        "|---|---|",
+    ]
     lines += [
         f"| {s} | {_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |" for s, r in q2ar.iterrows()
     ]
@@ -159,13 +216,14 @@ def write_q2ar(derived: pd.DataFrame, out: Path, kinds: pd.DataFrame | None = No
 
 
 def kind_lines(kinds: pd.DataFrame) -> list[str]:
-    """Q->A and QA->R val accuracy per kind of question and setting, mean ± std over seeds."""
+    """Q->A and QA->R accuracy on the reported split per kind of question and setting, mean ± std over seeds."""
     names = sorted(kinds["kind"].unique())
     size = kinds.groupby("kind")["n"].first()
     lines = [
         "## Per kind of question",
         "",
-        "Val accuracy on each kind of question the VCR file names (`question_type`), mean ± std over seeds; "
+        f"Accuracy on the reported split ({TASKS['vcr_q2a'].table4_split}) on each kind of question the VCR "
+        "file names (`question_type`), mean ± std over seeds; "
         "chance is 25% on every kind. A kind that every setting answers alike, with or without pre-training, "
         "does not tell the settings apart, whatever the column's mean does.",
     ]
@@ -173,7 +231,7 @@ def kind_lines(kinds: pd.DataFrame) -> list[str]:
         part = kinds[kinds["task"] == task]
         if part.empty:
             continue
-        stats = part.groupby(["setting", "kind"])["val_accuracy"].agg(["mean", "std", "count"])
+        stats = part.groupby(["setting", "kind"])["accuracy"].agg(["mean", "std", "count"])
         seeds = int(stats["count"].max())
         lines += ["", f"### {TASKS[task].title}", ""]
         lines += ["| setting | " + " | ".join(f"{k} (n={size[k]})" for k in names) + " |"]

@@ -21,19 +21,42 @@ FINDING_TEXT = {
 MISSING = "—"
 
 
+# The controls beside each cell, means over the seeds' runs of the reported split's figures.
+CONTROL_COLUMNS = {
+    "shuffled": "shuffled_images_accuracy",  # the same checkpoints with the images shuffled
+    "pairs": "pair_accuracy",  # VQA: both members of a complementary pair right
+    "rare": "accuracy_rare",  # RefCOCO+: expressions with a word rare in fine-tuning
+    "seen": "accuracy_seen",
+}
+
+
+def accuracy_se(accuracy: float, n: float) -> float:
+    """The standard error, in points, of an accuracy (in percent) measured on n items."""
+    if pd.isna(accuracy) or pd.isna(n) or not n:
+        return math.nan
+    p = accuracy / 100
+    return 100 * math.sqrt(max(p * (1 - p), 0.0) / n)
+
+
 def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
     """Rows: every setting (Table 4's and the other systems'); per task: mean, std and n over
-    seeds of the Table 4 metric."""
+    seeds of the Table 4 metric, the standard error of one run's figure on the reported split
+    (its items, not its seeds: every seed is scored on the same items), and the controls' means."""
     records = []
     for setting in SETTINGS:
         row = {"setting": setting}
         for task in TABLE4_TASKS:
-            values = finetunes[(finetunes["setting"] == setting) & (finetunes["task"] == task)][
-                f"{TASKS[task].table4_split}_accuracy"
-            ].dropna()
+            split = TASKS[task].table4_split
+            runs = finetunes[(finetunes["setting"] == setting) & (finetunes["task"] == task)]
+            values = runs[f"{split}_accuracy"].dropna()
             row[f"{task}_mean"] = values.mean() if len(values) else math.nan
             row[f"{task}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan  # one seed: no spread
             row[f"{task}_n"] = len(values)
+            items = runs[f"{split}_n"].dropna() if f"{split}_n" in runs else pd.Series(dtype=float)
+            row[f"{task}_se"] = accuracy_se(row[f"{task}_mean"], items.mean() if len(items) else math.nan)
+            for name, column in CONTROL_COLUMNS.items():
+                control = runs[f"{split}_{column}"].dropna() if f"{split}_{column}" in runs else []
+                row[f"{task}_{name}"] = control.mean() if len(control) else math.nan
         records.append(row)
     return pd.DataFrame(records).set_index("setting")
 
@@ -77,14 +100,23 @@ def compare(table: pd.DataFrame, specs: list[dict], texts: dict[str, str]) -> li
             spreads = (table.loc[x, f"{task}_std"], table.loc[y, f"{task}_std"])
             spread = math.nan if any(map(math.isnan, spreads)) else max(spreads)  # one seed on a side: unknown
             missing = [s for s in (x, y) if table.loc[s, f"{task}_n"] == 0]
+            # The sampling error of the difference: the two settings are scored on the same items,
+            # taken as independent (conservative for correlated runs).
+            ses = [table.loc[s, f"{task}_se"] if f"{task}_se" in table else math.nan for s in (x, y)]
+            se_diff = math.hypot(*ses) if not any(map(math.isnan, ses)) else math.nan
+            noise = max((v for v in (spread, 2 * se_diff) if not math.isnan(v)), default=math.nan)
             per_task.append(
                 {
                     "task": task,
                     "delta": delta,
                     "spread": spread,
+                    "se_diff": se_diff,
+                    "noise": noise,
                     "missing": missing,
                     "agrees": None if missing or not sign else bool(delta * sign > 0),
                     "beyond_spread": None if missing or math.isnan(spread) else bool(abs(delta) > spread),
+                    # Beyond the larger of the seed spread and two standard errors of the difference.
+                    "beyond_noise": None if missing or math.isnan(noise) else bool(abs(delta) > noise),
                 }
             )
         measured = [t for t in per_task if not t["missing"]]
@@ -111,8 +143,46 @@ def compare(table: pd.DataFrame, specs: list[dict], texts: dict[str, str]) -> li
                 "verdict": verdict,
                 "agrees": {"agrees": True, "does not agree": False}.get(verdict),
                 "beyond_spread": bool(measured) and all(t["beyond_spread"] is True for t in measured),
+                "beyond_noise": bool(measured) and all(t["beyond_noise"] is True for t in measured),
                 "largest_on": largest,
                 "largest_ok": largest_ok,
             }
         )
     return out
+
+
+def floor_of(floors: dict, task: str) -> float:
+    """A task's blind floor on its reported split: the best score of a model that does not look
+    (VCR: text-only learner or option prior; VQA: the question-only prior; RefCOCO+: the rule
+    that reads no colour word); nan where floors.json has none."""
+    figures = floors.get(task, {}).get("reported", {})
+    keys = {"vqa": ["question_only"], "refcoco_det": ["no_colour_rule"]}.get(task, ["text_only", "option_only"])
+    values = [figures[k] for k in keys if k in figures]
+    return max(values) if values else math.nan
+
+
+def controls(table: pd.DataFrame, floors: dict) -> pd.DataFrame:
+    """Per Table 4 setting and task: the cell, its standard error, the same checkpoints with the
+    images shuffled, the image's share (the difference), the blind floor, and whether the cell
+    clears each by more than two standard errors of the difference."""
+    records = []
+    for setting in TABLE4_SETTINGS:
+        for task in TABLE4_TASKS:
+            mean, se = table.loc[setting, f"{task}_mean"], table.loc[setting, f"{task}_se"]
+            shuffled, floor = table.loc[setting, f"{task}_shuffled"], floor_of(floors, task)
+            margin = 2 * math.sqrt(2) * se  # two SEs of a difference of two figures on n items each
+            records.append(
+                {
+                    "setting": setting,
+                    "task": task,
+                    "mean": mean,
+                    "se": se,
+                    "shuffled": shuffled,
+                    "image_share": mean - shuffled,
+                    "floor": floor,
+                    "clears_shuffled": None if math.isnan(mean - shuffled) else bool(mean - shuffled > margin),
+                    "clears_floor": None if math.isnan(mean - floor) else bool(mean - floor > margin),
+                    **{name: table.loc[setting, f"{task}_{name}"] for name in ("pairs", "rare", "seen")},
+                }
+            )
+    return pd.DataFrame(records)
