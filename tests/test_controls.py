@@ -86,3 +86,14 @@ def test_rare_words_are_those_of_few_training_expressions():
     subsets = word_subsets(evaluated, train, max_train=4)
     # 'purple' and 'one' have one training expression, 'green' and 'square' none: rare
     assert subsets == {"rare": {21, 22}, "seen": {20}}
+
+
+def test_a_training_fraction_is_the_same_examples_for_every_run():
+    from vlbert.engine.seeding import training_subset
+
+    tenth = training_subset(1000, 0.1)
+    assert len(tenth) == 100 and tenth == sorted(set(tenth)) and tenth == training_subset(1000, 0.1)
+    assert set(tenth) <= set(training_subset(1000, 0.3))  # the shares are nested
+    assert training_subset(5, 0.01) == training_subset(5, 0.01) and len(training_subset(5, 0.01)) == 1
+    with pytest.raises(ValueError, match="in \\(0, 1\\]"):
+        training_subset(10, 0.0)

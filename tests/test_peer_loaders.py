@@ -14,7 +14,6 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from vlbert.data.synthetic.refcoco import TEST_KINDS
-from vlbert.data.synthetic.world import SHAPES
 from vlbert.data.vcr import read_metadata, read_object_names, read_vcr
 
 # ---- COCO instances: pycocotools ---------------------------------------------------------------
@@ -111,7 +110,9 @@ def test_vcr_reads_as_r2c_and_vlbert_read_it(smoke_world, split):
     for line in (root / f"{split}.jsonl").read_text().splitlines():
         item = json.loads(line)
         obj_labels = [coco_obj_to_ind[o] for o in item["objects"]]  # r2c's and VL-BERT's KeyError
-        assert "person" not in item["objects"]  # both would swap its mentions for people's names
+        # Every object is a person, whose mentions both readers read as a neutral name (r2c's
+        # GENDER_NEUTRAL_NAMES, by the object's index), as the project's reader does.
+        assert set(item["objects"]) == {"person"}
         metadata = json.loads((root / "vcr1images" / item["metadata_fn"]).read_text())
         assert (root / "vcr1images" / item["img_fn"]).is_file()
         assert len(metadata["boxes"]) == len(metadata["segms"]) == len(obj_labels)
@@ -122,13 +123,17 @@ def test_vcr_reads_as_r2c_and_vlbert_read_it(smoke_world, split):
             assert polygons and all(len(p) >= 3 and all(len(point) == 2 for point in p) for p in polygons)
 
 
-def test_vcr_project_reader_gives_the_worlds_names_back(smoke_world):
+def test_vcr_project_reader_names_a_tag_as_r2c_does(smoke_world):
+    from vlbert.tasks.vcr import GENDER_NEUTRAL_NAMES, tag_name
+
     root = smoke_world / "vcr"
-    names = read_object_names(root)
-    assert sorted(names.values()) == sorted(SHAPES) and set(names) <= set(coco_2014_names())
+    assert read_object_names(root) == {}  # the real VCR's layout: no map of names
     for example in read_vcr(root / "train.jsonl"):
-        assert set(example.objects) <= set(SHAPES)
-        assert read_metadata(example.metadata_path, names).names == example.objects
+        assert read_metadata(example.metadata_path).names == example.objects
+        # r2c's _fix_tokenization: GENDER_NEUTRAL_NAMES[index % len] for a person
+        assert [tag_name(example.objects, k) for k in range(len(example.objects))] == [
+            GENDER_NEUTRAL_NAMES[k % len(GENDER_NEUTRAL_NAMES)] for k in range(len(example.objects))
+        ]
 
 
 # ---- RefCOCO+: REFER (lichengunc/refer, refer.py) ----------------------------------------------
@@ -203,6 +208,8 @@ def test_refcoco_split_sizes_are_the_configured_shares(smoke_world):
     r = refer_index(smoke_world / "refcoco+")
     images = Counter(refs[0]["split"] for refs in r["imgToRefs"].values())
     # 60 images, 30% held out: 6 val, 6 testA, 6 testB, 42 train; fewer when an image's objects of
-    # one shape are twins (same colour and size), which no expression tells apart.
+    # one shape are twins (same colour and size), which no expression tells apart, and in train
+    # when each of an image's expressions names a rare colour (none is kept there).
     configured = {"train": 42, "val": 6, "testA": 6, "testB": 6}
-    assert all(configured[split] - 1 <= images[split] <= configured[split] for split in configured), images
+    assert all(configured[split] - 1 <= images[split] <= configured[split] for split in ("val", "testA", "testB"))
+    assert 0.8 * configured["train"] <= images["train"] <= configured["train"], images

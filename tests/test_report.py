@@ -24,9 +24,9 @@ class Store:
         self.experiment = self.client.create_experiment("vlbert-ablation-smoke")
         self.clock = 1_700_000_000_000
 
-    def run(self, setting, task, seed, accuracy=None, status="FINISHED", **final) -> str:
+    def run(self, setting, task, seed, accuracy=None, status="FINISHED", tags=None, **final) -> str:
         """One run, newer than every run before it; `accuracy` None: it logged no final figures;
-        `final`: more final metrics (final_<name>)."""
+        `tags`: more tags; `final`: more final metrics (final_<name>)."""
         from mlflow.entities import Metric
 
         self.clock += 1000
@@ -34,7 +34,7 @@ class Store:
             self.experiment,
             start_time=self.clock,
             run_name=f"finetune-{setting}-{task}-{seed}",
-            tags={"stage": "finetune", "setting": setting, "task": task, "seed": str(seed)},
+            tags={"stage": "finetune", "setting": setting, "task": task, "seed": str(seed), **(tags or {})},
         )
         if accuracy is not None:
             self.client.log_batch(
@@ -285,7 +285,7 @@ def test_controls_put_each_cell_beside_its_shuffled_images_and_blind_floor(tmp_p
     (tmp_path / "results/smoke/floors.json").write_text(json.dumps(floors))
     report = _report(store, tmp_path, monkeypatch)
     text = (report / "table4_controls.md").read_text()
-    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("| ")}
+    rows = {tuple(c.strip() for c in row.split("|")[1:3]): row for row in text.splitlines() if row.startswith("| ")}
     assert "| 45.5 | 1.1 | 44.0 ✗ | 1.5 | 36.6 |" in rows["a", "VQA"]  # SE: sqrt(.455 * .545 / 2000)
     assert "| 40.5 | 1.1 | 30.0 | 10.5 | 41.0 ✗ |" in rows["no_pretrain", "RefCOCO+ det"]
     assert "a / vqa (shuffled images)" in text and "no_pretrain / refcoco_det (blind floor)" in text
@@ -296,3 +296,21 @@ def test_controls_put_each_cell_beside_its_shuffled_images_and_blind_floor(tmp_p
     # c - b: -2.0 is beyond the seed spread (0.71) but within 2 SE of the difference
     vqa = next(t for t in findings["sirp_hurts"]["tasks"] if t["task"] == "vqa")
     assert vqa["beyond_spread"] is True and vqa["beyond_noise"] is False
+
+
+def test_runs_on_a_share_of_the_training_set_get_their_own_table_and_stay_out_of_table4(tmp_path, monkeypatch):
+    store = Store(tmp_path)
+    for setting, score in SCORES.items():
+        for task in TABLE4_TASKS:
+            for seed in (0, 1):
+                store.run(setting, task, seed, score + seed, test_n=1000)
+    for setting, score in (("no_pretrain", 20.0), ("full", 50.0)):  # newer runs on 10% of the data
+        for task in TABLE4_TASKS:
+            for seed in (0, 1):
+                store.run(setting, task, seed, score + seed, tags={"train_fraction": "0.1"}, test_n=1000)
+    report = _report(store, tmp_path, monkeypatch)
+    assert _rows((report / "table4.md").read_text())["full"][0] == "60.5 ± 0.7"  # the whole set's runs
+    text = (report / "data_fractions.md").read_text()
+    assert "| VQA | 10% | 20.5 ± 0.7 | 50.5 ± 0.7 | +30.0 | 4.1 | yes |" in text  # 2 SE: 2 * hypot(1.28, 1.58)
+    assert "| VQA | 100% | 40.5 ± 0.7 | 60.5 ± 0.7 | +20.0 |" in text
+    assert (report / "figures" / "data_fractions.png").stat().st_size > 10_000

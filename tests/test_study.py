@@ -84,7 +84,19 @@ def test_smoke_study_writes_the_report(smoke_run):
 
     runs = pd.read_csv(report / "runs.csv")
     finetunes = runs[(runs["stage"] == "finetune") & (runs["status"] == "FINISHED")]
-    assert len(finetunes) == len(SETTINGS) * TASKS * SEEDS
+    assert len(finetunes[finetunes["train_fraction"] == 1]) == len(SETTINGS) * TASKS * SEEDS
+    # finetune.data_fractions: its settings on each share of every Table 4 task's training set
+    shares = SMOKE["finetune"]["data_fractions"]
+    fraction_runs = finetunes[finetunes["train_fraction"] < 1]
+    assert (
+        len(fraction_runs) == len(shares["fractions"]) * len(shares["settings"]) * len(registry.TABLE4_TASKS) * SEEDS
+    )
+    assert "| VQA | 50% |" in (report / "data_fractions.md").read_text()
+    assert (report / "figures" / "data_fractions.png").stat().st_size > 10_000
+    # Table 4's controls: every cell beside its shuffled-image score and blind floor
+    controls = pd.read_csv(report / "table4_controls.csv")
+    assert len(controls) == 6 * len(registry.TABLE4_TASKS) and controls["shuffled"].notna().all()
+    assert controls["floor"].notna().all() and controls["se"].notna().all()
     systems = (report / "systems.md").read_text()
     for setting in ("no_pretrain", "c", "full", "vilbert_no_pretrain", "vilbert", "pixelbert_no_sampling"):
         assert f"| {setting} |" in systems, setting
@@ -125,9 +137,19 @@ def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path
         for line in table.splitlines()
         if len(line.split()) == 2 and line.split()[1].isdigit()
     }
-    # The sweep and fine-tuning jobs of every setting (one job per setting and stage), then the report.
+    # The sweep and fine-tuning jobs of every setting (one job per setting and stage), the
+    # data-fraction runs (one job per setting and share), then the report.
     n = len(SETTINGS)
-    assert jobs == {"sweep": n, "finetune_seeds": n, "report": 1, "all": 1, "total": n + n + 2}, result.stdout[-2000:]
+    shares = SMOKE["finetune"]["data_fractions"]
+    f = len(shares["fractions"]) * len(shares["settings"])
+    assert jobs == {
+        "sweep": n,
+        "finetune_seeds": n,
+        "finetune_fractions": f,
+        "report": 1,
+        "all": 1,
+        "total": n + n + f + 2,
+    }, result.stdout[-2000:]
 
 
 @pytest.mark.slow

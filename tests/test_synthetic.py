@@ -145,9 +145,7 @@ def test_vcr_wrong_choices_are_other_questions_right_ones_retargeted():
         answers = [json.dumps(a) for a in c["answer_choices"]]
         assert len(set(answers)) == 4
         assert c["answer_choices"][c["answer_label"]] == vcr.answer_tokens(item.kind, item.value, tags)
-        value_of_answer = {
-            json.dumps(vcr.answer_tokens(item.kind, v, tags)): v for v in vcr.KIND_VALUES[item.kind][1]
-        }
+        value_of_answer = {json.dumps(vcr.answer_tokens(item.kind, v, tags)): v for v in vcr.KIND_VALUES[item.kind][1]}
         for k, answer in enumerate(c["answer_choices"]):
             key = (item.kind, value_of_answer[json.dumps(answer)])
             (right_answer_values if k == c["answer_label"] else wrong_answer_values)[key] += 1

@@ -41,6 +41,13 @@ def _add_training_arguments(p) -> None:
     _add_runtime_arguments(p)
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"a fraction in (0, 1], got {text}")
+    return value
+
+
 def _add_verb(verbs, name: str, run, help: str, preset: bool = True) -> argparse.ArgumentParser:
     """A verb that `run` (vlbert/study/runs.py) does; its docstring is the verb's description."""
     p = verbs.add_parser(name, help=help, description=run.__doc__)
@@ -180,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --lr-from SWEEP_DIR: the sweep's seed continues the sweep's own trial of the chosen "
         "rate from its last checkpoint, not from scratch (same metrics, fewer steps); the sweep "
         "must have run with this preset, setting and pre-trained checkpoint",
+    )
+    p.add_argument(
+        "--train-fraction",
+        type=_fraction,
+        default=1.0,
+        help="train on this share of each training set (the same examples for every setting and seed) "
+        "for as many steps as the whole set gets (default 1)",
     )
     p.add_argument("--out", required=True)
     p.add_argument("--pretrained", help=PRETRAINED_HELP)

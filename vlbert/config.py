@@ -13,7 +13,7 @@ import jsonschema
 import yaml
 
 from .layout import Layout
-from .registry import family_settings, task
+from .registry import family_settings, setting, task
 
 SCHEMA_FILE = "config.schema.yaml"
 
@@ -118,6 +118,18 @@ def study_seeds(config: dict) -> list[int]:
     """The seeds the chosen learning rates are re-run with (`sweep.seeds`, else the preset's
     seed); sweep trials use the first."""
     return list(config.get("sweep", {}).get("seeds", [config["seed"]]))
+
+
+def data_fractions(config: dict) -> tuple[list[float], list[str]]:
+    """The shares of each training set that `finetune.data_fractions` fine-tunes its settings on
+    (those of the study), and those settings; none when the preset has no such section."""
+    section = config.get("finetune", {}).get("data_fractions")
+    if not section:
+        return [], []
+    for name in section["settings"]:
+        setting(name)  # an unknown name is refused, naming the known ones
+    studied = study_settings(config)
+    return list(section["fractions"]), [s for s in section["settings"] if s in studied]
 
 
 def finetune_options(config: dict, task_name: str) -> dict:

@@ -59,6 +59,10 @@ class Layout:
         """The checkpoint a setting's fine-tuning starts from: its pre-training's best epoch."""
         return self.pretrain(setting) / "best"
 
+    def finetune_fraction(self, setting: str, fraction: float | str) -> Path:
+        """Where a setting's runs on a share of each training set go (`finetune.data_fractions`)."""
+        return self.finetune(setting) / f"fraction{fraction}"
+
     @property
     def sweeps(self) -> Path:
         return self.results / "sweep"

@@ -24,6 +24,7 @@ from .layout import Layout
 # as far as they apply), and what the run is made from.
 STAGE_TAG, SETTING_TAG, TASK_TAG, SEED_TAG, LR_TAG = "stage", "setting", "task", "seed", "lr"
 PRESET_TAG = "preset"
+TRAIN_FRACTION_TAG = "train_fraction"  # a fine-tuning run on a share of its training set (absent: all of it)
 GIT_COMMIT_TAG = "git_commit"
 PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own: a sweep trial's sweep run, nested under it in the UI
 ENDED_TAG = "vlbert.ended"  # why a run was ended from outside (KILLED by `abandon`)

@@ -30,7 +30,7 @@ from .context import TrainingContext
 from .device import move_to
 from .loop import LoopConfig, LoopSteps, TrainingLoop, loading_options, loop_speed
 from .optim import build_optimizer, build_scheduler
-from .seeding import epoch_order
+from .seeding import epoch_order, training_subset
 from .tuned_features import check_store_features
 
 
@@ -45,7 +45,7 @@ def predict(model, task, examples: list[dict], batch_size: int) -> list[dict]:
     return predictions
 
 
-def finetune(
+def finetune(  # noqa: PLR0913 - a run's identity: what it trains, how long, on which share of the data
     context: TrainingContext,
     setting,
     task_name: str,
@@ -54,9 +54,12 @@ def finetune(
     out,
     max_steps: int | None = None,
     score_test: bool = True,
+    train_fraction: float = 1.0,
 ) -> dict:
     """Fine-tune `setting` on `task_name` with `lr` and `seed` into `out`; its metrics (with
-    `max_steps`, only the loop's speed)."""
+    `max_steps`, only the loop's speed). `train_fraction`: train on that share of the training set
+    (training_subset) for as many steps as the whole set gets, so that fractions differ in data,
+    not in compute."""
     from .distributed import is_main_process, world_size, wrap
 
     preset, inputs, tracker, device = context.preset, context.inputs, context.tracker, context.device
@@ -72,6 +75,9 @@ def finetune(
     task = tasks.build(task_name, context.processor, inputs.data_root, inputs.features_dir, setting.family)
     check_store_features(setting, task.store_paths(), pretrained)
     train, val = task.examples("train"), task.examples("val")
+    full_train = len(train)
+    if train_fraction < 1:
+        train = [train[i] for i in training_subset(len(train), train_fraction)]
     if setting.pretrains:
         # The features stay centred on the pre-training images' mean, saved with the weights.
         model = task.model_class.from_pretrained(pretrained, **task.model_overrides(), tune_frcnn=False)
@@ -86,9 +92,10 @@ def finetune(
         )
     model.to(device)
     options = finetune_options(preset, task_name)
-    epochs = finetune_epochs(preset, task_name)
     batch_size = options["batch_size"]
     batches = math.ceil(len(train) / batch_size)
+    # A fraction of the data gets the whole set's steps: more epochs over fewer examples.
+    epochs = max(1, round(finetune_epochs(preset, task_name) * math.ceil(full_train / batch_size) / batches))
     optimizer = build_optimizer(model, options, lr)
     # Step decay epochs scale with the schedule (0.5x epochs: decays at half the epochs too).
     factor = epochs / options["epochs"]
@@ -98,6 +105,7 @@ def finetune(
         {
             "finetune": {**options, "lr": lr, "epochs_run": epochs},
             "seed": seed,
+            "train_fraction": train_fraction,
             "train_examples": len(train),
             "val_examples": len(val),
         }
@@ -122,6 +130,7 @@ def finetune(
         "task": task_name,
         "lr": lr,
         "seed": seed,
+        **({"train_fraction": train_fraction} if train_fraction < 1 else {}),
         "preset": {
             "model": preset.get("model"),
             "training": preset.get("training"),
@@ -159,12 +168,12 @@ def finetune(
     best = task.model_class.from_pretrained(out / "best").to(device)
     val_predictions = predict(best, task, val, batch_size)
     io.write_json(out / "predictions_val.json", val_predictions)
-    test, test_shuffled = {}, {}
+    test, test_shuffled, test_examples = {}, {}, []
     if score_test:  # sweeps select on val and never get here; the chosen runs look at test once
         test_examples = task.examples("test")
         test_predictions = predict(best, task, test_examples, batch_size)
         io.write_json(out / "predictions_test.json", test_predictions)
-        test = {**task.score(test_predictions, "test"), "n": len(test_examples)}
+        test = task.score(test_predictions, "test")
         # The same checkpoint with the test images shuffled among the questions: the image's share.
         test_shuffled = task.score(predict(best, task, with_other_images(test_examples, seed), batch_size), "test")
     metrics = {
@@ -172,11 +181,14 @@ def finetune(
         "task": task_name,
         "seed": seed,
         "lr": lr,
+        "train_fraction": train_fraction,
+        "train_examples": len(train),
         "best_epoch": state.best_epoch + 1,
         "epochs": epochs,
         "val": task.score(val_predictions, "val"),
         "test": test,
         "test_shuffled_images": test_shuffled,
+        "test_items": len(test_examples),  # what the test figures' standard errors rest on
         "val_history": state.history,
         "data_wait_share": round(loop_speed(loop, batch_size)["data_wait_share"], 4),
     }
@@ -188,6 +200,7 @@ def finetune(
             TRAINABLE_PARAMETERS_METRIC: sum(p.numel() for p in model.parameters() if p.requires_grad),
             **{final_metric("val", k): v for k, v in metrics["val"].items()},
             **{final_metric("test", k): v for k, v in test.items()},
+            **({final_metric("test", "n"): len(test_examples)} if score_test else {}),
             **{final_metric(SHUFFLED_IMAGES_SPLIT, k): v for k, v in test_shuffled.items()},
         },
         step=state.step,

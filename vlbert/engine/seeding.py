@@ -19,3 +19,12 @@ def epoch_order(n: int, seed: int, epoch: int, stream: str = "main") -> list[int
 
 def batch_generator(seed: int, epoch: int, batch: int, stream: str = "main") -> torch.Generator:
     return _generator(seed, stream, epoch, batch)
+
+
+def training_subset(n: int, fraction: float) -> list[int]:
+    """The indices of a `fraction` of n training examples (at least one), in their order: the same
+    subset for every setting and seed, so that a fraction's runs differ only in what they start from."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"a training fraction is in (0, 1], got {fraction}")
+    keep = max(1, round(n * fraction))
+    return sorted(torch.randperm(n, generator=_generator("training_subset", n)).tolist()[:keep])

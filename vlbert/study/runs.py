@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..engine.context import TrainingContext
 from ..layout import Layout
-from ..tracking import LR_TAG, SEED_TAG, SETTING_TAG, STAGE_TAG, TASK_TAG
+from ..tracking import LR_TAG, SEED_TAG, SETTING_TAG, STAGE_TAG, TASK_TAG, TRAIN_FRACTION_TAG
 
 
 def make_data(args) -> int:
@@ -310,6 +310,8 @@ def finetune(args) -> int:
     chosen = setting(args.setting)
     if (args.lr is None) == (args.lr_from is None):
         raise ValueError("give exactly one of --lr and --lr-from")
+    if args.continue_trial and args.train_fraction < 1:
+        raise ValueError("--continue-trial continues a sweep's trial, which trained on the whole training set")
     if args.continue_trial and not (args.lr_from and Path(args.lr_from).is_dir()):
         raise ValueError("--continue-trial needs --lr-from with a sweep folder (its <task>/trials/ hold the runs)")
     lrs = {
@@ -321,6 +323,8 @@ def finetune(args) -> int:
     for task, seed in runs:
         out = Path(args.out) / task / f"seed{seed}" if len(runs) > 1 else Path(args.out)
         tags = {SETTING_TAG: chosen.name, TASK_TAG: task, SEED_TAG: seed, LR_TAG: lrs[task]}
+        if args.train_fraction < 1:
+            tags[TRAIN_FRACTION_TAG] = args.train_fraction
         context = _training_context(args, "finetune", tags, setting=chosen)
         if args.continue_trial:
             trial = continue_trial(Path(args.lr_from) / task, seed, out)
@@ -328,7 +332,9 @@ def finetune(args) -> int:
                 context.tracker.log_params({"continued_from_trial": str(trial)})
                 print(f"finetune {chosen.name}/{task} seed {seed}: continuing the sweep's trial {trial}")
         metrics = _run_tracked(
-            context.tracker, out, lambda: finetune_setting(context, chosen, task, lrs[task], seed, out)
+            context.tracker,
+            out,
+            lambda: finetune_setting(context, chosen, task, lrs[task], seed, out, train_fraction=args.train_fraction),
         )
         if metrics:
             print(

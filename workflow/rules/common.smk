@@ -4,9 +4,9 @@ import os
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from vlbert.config import study_seeds, study_settings
+from vlbert.config import data_fractions, study_seeds, study_settings
 from vlbert.layout import Layout
-from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TASKS
+from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TABLE4_TASKS, TASKS
 
 validate(config, schema="../schemas/config.schema.yaml")
 
@@ -32,6 +32,7 @@ wildcard_constraints:
     split=r"[A-Za-z0-9-]+",
     setting="|".join(SETTINGS),
     seed=r"\d+",
+    fraction=r"0\.\d+",
     scatteritem=r"\d+-of-\d+",
 
 
@@ -148,14 +149,20 @@ def extract_priority(wildcards):
 
 
 def finetune_outputs():
+    """Every fine-tuning run's metrics: each setting on each task and seed, and the data-fraction
+    runs (finetune.data_fractions)."""
+    fractions, settings = data_fractions(config)
     return expand(f"{LAYOUT.finetune_run('{setting}', '{task}', '{seed}')}/metrics.json",
-                  setting=STUDY_SETTINGS, task=list(TASKS), seed=SEEDS)
+                  setting=STUDY_SETTINGS, task=list(TASKS), seed=SEEDS) + expand(
+        f"{LAYOUT.finetune_fraction('{setting}', '{fraction}')}/{{task}}/seed{{seed}}/metrics.json",
+        setting=settings, fraction=fractions, task=TABLE4_TASKS, seed=SEEDS)
 
 
 
-def depends_on(*keys):
+def depends_on(*keys, leave_out=("finetune.data_fractions",)):
     """The preset values a rule's output depends on, as a string Snakemake records: changing one
-    of them in the preset re-runs that rule (and what follows), and nothing else."""
+    of them in the preset re-runs that rule (and what follows), and nothing else. `leave_out`:
+    keys inside those that it does not depend on (which extra runs the study makes)."""
     import json
 
     picked = {}
@@ -163,5 +170,8 @@ def depends_on(*keys):
         value = config
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
+        for left in leave_out:
+            if left.startswith(key + ".") and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k != left.removeprefix(key + ".")}
         picked[key] = value
     return json.dumps(picked, sort_keys=True)

@@ -72,3 +72,42 @@ rule finetune_seeds:
         "--lr-from {params.sweep} --continue-trial --seed {params.seeds} --data {params.data} "
         "--features {params.features} --bert {params.bert} "
         "--out {params.out} --threads {threads} --device {params.device} --quiet > {log} 2>&1"
+
+
+# Pre-training's effect against fine-tuning data (finetune.data_fractions): its settings fine-tuned
+# on shares of each Table 4 task's training set, at the rate the whole set's sweep chose, each seed.
+rule finetune_fractions:
+    input:
+        best=[str(LAYOUT.sweep_best("{setting}", task)) for task in TABLE4_TASKS],
+        pretrained=pretrained_input,
+        bert=bert_input(),
+        features=task_features,
+    output:
+        [f"{LAYOUT.finetune_fraction('{setting}', '{fraction}')}/{task}/seed{seed}/metrics.json"
+         for task in TABLE4_TASKS for seed in SEEDS],
+    log:
+        f"{LAYOUT.logs}/finetune_fractions/{{setting}}_{{fraction}}.log",
+    benchmark:
+        f"{LAYOUT.benchmarks}/finetune_fractions/{{setting}}_{{fraction}}.tsv",
+    params:
+        preset=preset_file(),
+        bert=bert_param,
+        tasks=" ".join(TABLE4_TASKS),
+        seeds=" ".join(str(s) for s in SEEDS),
+        data=data_root,
+        features=task_features_dir,
+        sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
+        out=lambda wc: str(LAYOUT.finetune_fraction(wc.setting, wc.fraction)),
+        device=DEVICE,
+        depends=depends_on("finetune", "training", "sweep.seeds"),
+    priority: chain_priority("seeds")
+    threads: 1
+    resources:
+        gpu=GPU,
+    conda:
+        CONDA_ENV
+    shell:
+        "vlbert finetune --config {params.preset} --setting {wildcards.setting} --task {params.tasks} "
+        "--lr-from {params.sweep} --train-fraction {wildcards.fraction} --seed {params.seeds} "
+        "--data {params.data} --features {params.features} --bert {params.bert} "
+        "--out {params.out} --threads {threads} --device {params.device} --quiet > {log} 2>&1"

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ...layout import Layout
 from ...registry import TASKS
-from .figures import figure_bars, figure_grounding, figure_heatmap, figure_pretraining, figure_sweeps
+from .figures import figure_bars, figure_fractions, figure_grounding, figure_heatmap, figure_pretraining, figure_sweeps
 from .read import (
     collect_runs,
     derive_q2ar,
@@ -36,11 +36,12 @@ from .render import (
     write_controls,
     write_detector,
     write_findings,
+    write_fractions,
     write_pretraining,
     write_q2ar,
     write_tables,
 )
-from .statistics import controls, findings, table4, table_warnings
+from .statistics import controls, findings, fraction_table, table4, table_warnings
 from .systems import figure_systems, write_systems
 
 __all__ = [
@@ -83,7 +84,9 @@ def write_report(
     if runs.empty:
         raise ValueError(f"MLflow experiment {experiment!r} has no runs yet")
     runs.sort_values(["stage", "setting", "task", "seed"], na_position="last").to_csv(out / "runs.csv", index=False)
-    finetunes, finetune_notes = latest_results(runs, "finetune")
+    every_finetune, finetune_notes = latest_results(runs, "finetune")
+    # Runs on a share of a training set (data_fractions.md) stay out of every other table.
+    finetunes = every_finetune[every_finetune["train_fraction"] == 1]
     pretrain_notes = latest_results(runs, "pretrain")[1]
     derived, by_kind = pd.DataFrame(), None
     if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]):
@@ -96,6 +99,10 @@ def write_report(
     write_tables(table, paper, out, finetune_notes)
     floors = json.loads(Path(floors_path).read_text()) if floors_path and Path(floors_path).is_file() else {}
     write_controls(controls(table, floors), floors, out)
+    if (every_finetune["train_fraction"] < 1).any():
+        fractions = fraction_table(every_finetune)
+        write_fractions(fractions, out)
+        figure_fractions(fractions, out / "figures" / "data_fractions.png")
     if not derived.empty:
         write_q2ar(derived, out, by_kind)
     results = findings(table, paper)

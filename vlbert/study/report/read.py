@@ -26,6 +26,7 @@ from ...tracking import (
     SHUFFLED_IMAGES_SPLIT,
     STAGE_TAG,
     TASK_TAG,
+    TRAIN_FRACTION_TAG,
     TRAINABLE_PARAMETERS_METRIC,
     VAL_PREFIX,
     final_metric,
@@ -69,6 +70,7 @@ def collect_runs(uri: str, experiment: str) -> pd.DataFrame:
                 "task": tags.get(TASK_TAG),
                 "seed": int(tags[SEED_TAG]) if tags.get(SEED_TAG) not in (None, "") else None,
                 "lr": float(tags[LR_TAG]) if tags.get(LR_TAG) not in (None, "") else None,
+                "train_fraction": float(tags.get(TRAIN_FRACTION_TAG) or 1.0),
                 "parent_run_id": tags.get(PARENT_RUN_TAG),
                 "git_commit": tags.get(GIT_COMMIT_TAG),
                 "ended": tags.get(ENDED_TAG),  # why a run was ended from outside (killed, not continued)
@@ -97,6 +99,8 @@ RESULT_COLUMNS = {"finetune": ["val_accuracy", "test_accuracy"], "pretrain": lis
 def _what(run) -> str:
     """A run's place in the study: setting / task / seed (pre-training: the setting)."""
     parts = [run["setting"], run["task"], f"seed {int(run['seed'])}" if pd.notna(run["seed"]) else None]
+    if run.get("train_fraction", 1.0) < 1:
+        parts.append(f"{run['train_fraction']:g} of the training set")
     return " / ".join(str(p) for p in parts if pd.notna(p))
 
 
@@ -105,7 +109,7 @@ def latest_results(runs: pd.DataFrame, stage: str) -> tuple[pd.DataFrame, list[s
     a re-run's figures never give way to an older run's; and, for the report to say, what that
     choice rests on: a run that did not finish, or a newer run that left no results."""
     staged = runs[runs["stage"] == stage]
-    keys = ["setting", "task", "seed"]
+    keys = ["setting", "task", "seed", "train_fraction"]
     chosen = staged[staged[RESULT_COLUMNS[stage]].notna().any(axis=1)].drop_duplicates(
         keys
     )  # search_runs: newest first

@@ -186,3 +186,37 @@ def controls(table: pd.DataFrame, floors: dict) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(records)
+
+
+def fraction_table(finetunes: pd.DataFrame, settings: tuple[str, str] = ("full", "no_pretrain")) -> pd.DataFrame:
+    """Pre-training's effect against fine-tuning data: per task and training fraction (the whole
+    set included), each of `settings`' mean, std and seeds on the reported split, their gap (first
+    minus second), and the gap's noise (the larger of the seed spread and two SEs of the difference)."""
+    records = []
+    fractions = sorted(set(finetunes["train_fraction"]))
+    for task in TABLE4_TASKS:
+        split = TASKS[task].table4_split
+        for fraction in fractions:
+            row = {"task": task, "fraction": fraction}
+            for setting in settings:
+                runs = finetunes[
+                    (finetunes["setting"] == setting)
+                    & (finetunes["task"] == task)
+                    & (finetunes["train_fraction"] == fraction)
+                ]
+                values = runs[f"{split}_accuracy"].dropna()
+                items = runs[f"{split}_n"].dropna() if f"{split}_n" in runs else pd.Series(dtype=float)
+                row[f"{setting}_mean"] = values.mean() if len(values) else math.nan
+                row[f"{setting}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan
+                row[f"{setting}_n"] = len(values)
+                row[f"{setting}_se"] = accuracy_se(row[f"{setting}_mean"], items.mean() if len(items) else math.nan)
+            first, second = settings
+            row["gap"] = row[f"{first}_mean"] - row[f"{second}_mean"]
+            spread = max(row[f"{first}_std"], row[f"{second}_std"])
+            se_diff = math.hypot(row[f"{first}_se"], row[f"{second}_se"])
+            row["noise"] = max((v for v in (spread, 2 * se_diff) if not math.isnan(v)), default=math.nan)
+            row["beyond_noise"] = (
+                None if math.isnan(row["gap"]) or math.isnan(row["noise"]) else bool(abs(row["gap"]) > row["noise"])
+            )
+            records.append(row)
+    return pd.DataFrame(records)
