@@ -288,7 +288,8 @@ def test_controls_put_each_cell_beside_its_shuffled_images_and_blind_floor(tmp_p
     rows = {tuple(c.strip() for c in row.split("|")[1:3]): row for row in text.splitlines() if row.startswith("| ")}
     assert "| 45.5 | 1.1 | 44.0 ✗ | 1.5 | 36.6 |" in rows["a", "VQA"]  # SE: sqrt(.455 * .545 / 2000)
     assert "| 40.5 | 1.1 | 30.0 | 10.5 | 41.0 ✗ |" in rows["no_pretrain", "RefCOCO+ det"]
-    assert "a / vqa (shuffled images)" in text and "no_pretrain / refcoco_det (blind floor)" in text
+    assert "do not clear their shuffled images: a / vqa." in text
+    assert "do not clear their blind floor: no_pretrain / refcoco_det." in text
     findings = {f["id"]: f for f in json.loads((report / "findings.json").read_text())}
     # full - d on VQA: +5.0, seed spread 0.71, 2 SE of the difference 2 * 1.55 = 3.10: beyond both
     vqa = next(t for t in findings["tune_frcnn_helps"]["tasks"] if t["task"] == "vqa")

@@ -111,7 +111,7 @@ def write_controls(controls: pd.DataFrame, floors: dict, out: Path) -> None:
         "| setting | task | cell | SE | shuffled images | image's share | blind floor | extra |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    not_clearing = []
+    not_clearing = {"shuffled images": [], "blind floor": []}
     for _, row in controls.iterrows():
         extra = ", ".join(
             f"{label} {row[name]:.1f}"
@@ -125,8 +125,10 @@ def write_controls(controls: pd.DataFrame, floors: dict, out: Path) -> None:
         )
         for control, name in (("shuffled", "shuffled images"), ("floor", "blind floor")):
             if row[f"clears_{control}"] is False:
-                not_clearing.append(f"{row['setting']} / {row['task']} ({name})")
-    lines += ["", "Cells that do not clear a control: " + (", ".join(not_clearing) if not_clearing else "none") + "."]
+                not_clearing[name].append(f"{row['setting']} / {row['task']}")
+    lines.append("")
+    for name, cells in not_clearing.items():
+        lines.append(f"Cells that do not clear their {name}: " + (", ".join(cells) if cells else "none") + ".")
     lines += ["", "## Blind floors (reported split; val in floors.json)", ""]
     for task, roles in floors.items():
         figures = roles.get("reported", {})
