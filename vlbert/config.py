@@ -6,6 +6,7 @@ Every error names the preset file and the dotted key at fault, e.g.
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 from pathlib import Path
 
@@ -41,7 +42,26 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"{_dotted(where)}: {error.message}"
 
 
+def _non_finite(value, where: tuple = ()):
+    """The key path of the first NaN or infinity in a preset (YAML's .nan, .inf), else None: the
+    schema's bounds let NaN through (every comparison with it is false)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, (*where, key))
+        if found is not None:
+            return found
+    return None
+
+
 def validate(config: dict, source: str = "<config>") -> None:
+    where = _non_finite(config)
+    if where is not None:
+        value = config
+        for key in where:
+            value = value[key]
+        raise ConfigError(f"{source}: {_dotted(where)}: {value} is not a finite number")
     validator = jsonschema.Draft202012Validator(load_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
     if errors:
