@@ -260,3 +260,32 @@ def test_vcr_is_reported_per_kind_of_question_when_the_file_names_the_kinds(tmp_
     write_report(store.uri, "vlbert-ablation-smoke", tmp_path / "real", vcr_val=vcr / "val.jsonl")
     text = (tmp_path / "real" / "vcr_q2ar.md").read_text()
     assert "| no_pretrain | 50.0 ± 0.0 |" in text and "Per kind" not in text
+
+
+def _strict_json(path):
+    """JSON as the standard has it: Python's own parser takes bare NaN and Infinity tokens."""
+
+    def refuse(token):
+        raise ValueError(f"{path}: {token} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_the_reports_json_is_strict_with_null_for_a_missing_value(tmp_path, monkeypatch):
+    # Seen: 21 bare NaN tokens in the smoke study's findings.json, wherever a cell had one seed or
+    # no runs, and 10 in systems_findings.json.
+    store = Store(tmp_path)
+    scores = {"no_pretrain": 40.0, "c": 60.0, "full": 62.0, "vilbert_no_pretrain": 42.0, "vilbert": 58.0}
+    for setting, score in scores.items():
+        for task in TABLE4_TASKS:
+            if (setting, task) != ("vilbert", "vqa"):
+                store.run(setting, task, 0, score)  # one seed each: no spread anywhere
+    report = _report(store, tmp_path, monkeypatch)
+    written = sorted(report.rglob("*.json"))
+    assert {p.name for p in written} >= {"findings.json", "systems_findings.json"}
+    parsed = {p.name: _strict_json(p) for p in written}
+    tasks = [t for f in parsed["findings.json"] + parsed["systems_findings.json"] for t in f["tasks"]]
+    assert tasks and all(t["spread"] is None for t in tasks)
+    systems = {f["id"]: f for f in parsed["systems_findings.json"]}
+    vqa = next(t for t in systems["vilbert_pretrain_helps"]["tasks"] if t["task"] == "vqa")
+    assert vqa["delta"] is None and vqa["missing"] == ["vilbert"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -35,9 +36,27 @@ def write_bytes(path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
+def _finite(obj):
+    """`obj` with null for every NaN or infinity: a missing figure (a cell without runs, a spread of
+    one seed)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(value) for value in obj]
+    return obj
+
+
 def write_json(path, obj, indent: int | None = None) -> None:
+    """JSON as the standard has it: Python's default writes bare NaN and Infinity tokens, which
+    strict parsers (browsers, jq, other languages) refuse; those become null."""
     # sort_keys keeps the bytes stable for the same content.
-    write_text(path, json.dumps(obj, sort_keys=True, indent=indent) + "\n")
+    try:
+        text = json.dumps(obj, sort_keys=True, indent=indent, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(obj), sort_keys=True, indent=indent, allow_nan=False)
+    write_text(path, text + "\n")
 
 
 class FolderInUseError(RuntimeError):
