@@ -7,6 +7,8 @@ import pickle
 import h5py
 import pytest
 import torch
+import yaml
+from conftest import REPO
 
 from vlbert.cli import main
 from vlbert.study import runs
@@ -107,3 +109,25 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "make_data", _raise(_is_a_directory(tmp_path)))
     with pytest.raises(IsADirectoryError):
         main(["--debug", "make-data", "--config", "unused.yaml"])
+
+
+def test_make_data_refuses_a_root_with_a_foreign_file_in_one_line(tmp_path, capsys):
+    preset = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
+    preset["data"]["root"] = str(tmp_path / "data")
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset))
+    (tmp_path / "data/vqa").mkdir(parents=True)
+    (tmp_path / "data/vqa/precious.txt").write_text("mine")
+    assert main(["make-data", "--config", str(tmp_path / "preset.yaml"), "--only", "vqa", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"vlbert make-data: error: {tmp_path}/data/vqa: holds precious.txt, which make-data did not write, and it "
+        "would replace this folder: move the file elsewhere, or give make-data another --out (data.root)\n"
+    )
+    assert (tmp_path / "data/vqa/precious.txt").read_text() == "mine"
+
+
+def test_make_data_refuses_an_out_at_a_system_path(tmp_path, capsys):
+    assert main(["make-data", "--config", str(REPO / "experiments/smoke.yaml"), "--out", "/"]) == 2
+    assert capsys.readouterr().err == (
+        "vlbert make-data: error: --out: / is a system folder: give the study a folder of its own\n"
+    )

@@ -129,3 +129,32 @@ def test_loading_section_is_not_part_of_a_run_identity():
         config["loading"]["workers"],
         config["loading"]["prefetch_batches"],
     )
+
+
+UNSAFE_ROOTS = {
+    "/": "a system folder",
+    "/etc": "a system folder",
+    "/usr/share/data": "a system folder",
+    "~": "the home folder itself",
+    str(REPO / "vlbert"): "inside the package's source",
+    str(REPO / "vlbert" / "data"): "inside the package's source",
+    "vlbert": "inside the package's source",  # relative to the folder the study runs in
+}
+
+
+@pytest.mark.parametrize("root", list(UNSAFE_ROOTS))
+def test_a_data_root_at_a_system_path_or_in_the_package_is_refused(root, tmp_path, monkeypatch):
+    # Seen: `root: vlbert` wrote into the package source; `root: /` planned `make-data --out //`.
+    monkeypatch.chdir(REPO)
+    config = _smoke()
+    config["data"]["root"] = root
+    with pytest.raises(ConfigError, match=rf"preset\.yaml: data\.root: {re.escape(root)} is {UNSAFE_ROOTS[root]}"):
+        load_config(_write(tmp_path, config))
+
+
+def test_a_data_root_of_its_own_is_fine(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for root in (str(tmp_path / "data"), "results/x/data", "~/vlbert-data"):
+        config = _smoke()
+        config["data"]["root"] = root
+        assert load_config(_write(tmp_path, config))["data"]["root"] == root

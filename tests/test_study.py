@@ -315,3 +315,9 @@ def test_dry_run_refuses_a_non_finite_rate(tmp_path):
     """The DAG validates as the CLI does: a NaN rate passes the schema's bounds."""
     result = _dry_run(tmp_path, {**SMOKE, "pretrain": {**SMOKE["pretrain"], "lr": float("nan")}})
     assert result.returncode != 0 and "pretrain.lr: nan is not a finite number" in result.stdout + result.stderr
+
+
+def test_dry_run_refuses_a_data_root_at_a_system_path(tmp_path):
+    # Seen: `root: /` planned `vlbert make-data --out //`.
+    result = _dry_run(tmp_path, {**SMOKE, "data": {**SMOKE["data"], "root": "/"}})
+    assert result.returncode != 0 and "data.root: / is a system folder" in result.stdout + result.stderr

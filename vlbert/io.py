@@ -87,6 +87,12 @@ def exclusive_folder(path: str | os.PathLike):
         lock.release()
 
 
+def partial_dir(path) -> Path:
+    """Where `atomic_dir` builds the folder `path`."""
+    path = Path(path)
+    return path.with_name(path.name + ".partial")
+
+
 @contextmanager
 def atomic_dir(path: str | os.PathLike):
     """Build a directory under a temporary name and rename it into place when complete.
@@ -94,7 +100,7 @@ def atomic_dir(path: str | os.PathLike):
     A folder that exists is complete; a crash leaves only `<name>.partial`, cleared on retry.
     """
     path = Path(path)
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_dir(path)
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)

@@ -14,11 +14,13 @@ from ..tracking import LR_TAG, SEED_TAG, SETTING_TAG, STAGE_TAG, TASK_TAG
 
 def make_data(args) -> int:
     """Write the embedded default's data sets (deterministic from the preset's seed)."""
-    from ..config import load_config, synthetic_spec
+    from ..config import check_output, load_config, synthetic_spec
     from ..data.synthetic import make_world
     from ..registry import DATASETS
 
     config = load_config(args.config)
+    if args.out:
+        check_output(args.out, "--out")
     out = Path(args.out or config["data"]["root"])
     written = make_world(
         synthetic_spec(config), out, datasets=args.only or DATASETS, force=args.force, progress=not args.quiet
