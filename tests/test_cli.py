@@ -8,7 +8,7 @@ import h5py
 import pytest
 import torch
 import yaml
-from conftest import REPO
+from conftest import REPO, study_args
 
 from vlbert.cli import main
 from vlbert.study import runs
@@ -131,3 +131,45 @@ def test_make_data_refuses_an_out_at_a_system_path(tmp_path, capsys):
     assert capsys.readouterr().err == (
         "vlbert make-data: error: --out: / is a system folder: give the study a folder of its own\n"
     )
+
+
+def _store_without_its_first_image(source, out):
+    """The store `source` rewritten as one shard without its first image."""
+    from types import SimpleNamespace
+
+    from vlbert.data.feature_store import FeatureStore, plain_attr, write_shard
+
+    with FeatureStore(source) as store:
+        keys = store.keys[1:]
+        results = [SimpleNamespace(**store[key]) for key in keys]
+        own = ("skipped", "num_skipped", "num_images", "num_classes")
+        attrs = {k: plain_attr(v) for k, v in store.attrs.items() if k not in own}
+    write_shard(out, keys, results, [], attrs)
+    return store.keys[0]
+
+
+def test_finetune_on_a_store_that_lacks_an_image_is_one_line(smoke_study, tmp_path, capsys):
+    # Seen: a KeyError traceback, exit 1.
+    import shutil
+
+    features = tmp_path / "features"
+    shutil.copytree(smoke_study["features"], features)
+    store = features / "vqa.val2014.det.h5"
+    store.unlink()
+    missing = _store_without_its_first_image(smoke_study["features"] / store.name, store)
+    study = {**smoke_study, "features": features}
+    args = [
+        "--setting",
+        "no_pretrain",
+        "--task",
+        "vqa",
+        "--lr",
+        "0.001",
+        "--seed",
+        "0",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    assert main(["finetune", *args, *study_args(study)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"vlbert finetune: error: {store}: no image {missing!r}") and err.count("\n") == 1

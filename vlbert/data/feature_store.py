@@ -54,6 +54,13 @@ FEATURE_DTYPES = ("float16", "float32")
 SHARD_FINGERPRINTS = "shard_fingerprints"
 
 
+class MissingImageError(DataFormatError, KeyError):
+    """A store lacks an image its data set has: bad input (the CLI's one line, exit 2), and a
+    KeyError to code that looks images up as in a mapping."""
+
+    __str__ = DataFormatError.__str__  # the message as it is, not KeyError's quoted repr
+
+
 def plain_attr(value):
     """An HDF5 attribute as a plain Python value: h5py gives numpy scalars and bytes back."""
     return value.decode() if isinstance(value, bytes) else value.item() if hasattr(value, "item") else value
@@ -432,7 +439,10 @@ class FeatureStore:
         encoded = key.encode()
         j = int(np.searchsorted(self._sorted_keys, encoded))
         if j == len(self._sorted_keys) or self._sorted_keys[j] != encoded:
-            raise KeyError(f"{self.path}: no image {key!r}")
+            raise MissingImageError(
+                self.path,
+                f"no image {key!r}: the store was extracted from other images (run `vlbert extract-rois` again)",
+            )
         return int(self._order[j])
 
     @property

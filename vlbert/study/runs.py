@@ -4,6 +4,7 @@ parses). Each returns the process's exit status; heavy imports wait until a verb
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -448,7 +449,7 @@ def evaluate_vqa(args) -> int:
     questions = load_json(args.questions, "VQA questions")["questions"]
     asked = {q["question_id"] for q in questions}
     annotations = {q: a for q, a in annotations.items() if q in asked}
-    predictions = _predictions(args.predictions, "question_id", "answer")
+    predictions = _predictions(args.predictions, "question_id", "answer", _is_answer, "a string")
     result = vqa_accuracy(annotations, predictions, source=args.predictions)
     print(
         f"VQA accuracy: {result['overall']:.2f}  "
@@ -495,7 +496,7 @@ def evaluate_refcoco(args) -> int:
     expressions = [
         e for split in SPLITS if any(r["split"] == split for r in dataset.refs) for e in dataset.expressions(split)
     ]
-    predictions = _predictions(args.predictions, "sent_id", "bbox")
+    predictions = _predictions(args.predictions, "sent_id", "bbox", _is_box, "[x, y, w, h] numbers")
     result = refcoco_accuracy(expressions, predictions, iou_convention=args.iou_convention, source=args.predictions)
     print(
         f"RefCOCO+ accuracy (IoU >= 0.5, {args.iou_convention}): "
@@ -543,12 +544,28 @@ def _records(path, key: str) -> list[dict]:
     return records
 
 
-def _predictions(path, key: str, value: str) -> dict:
+def _is_answer(value) -> bool:
+    return isinstance(value, str)
+
+
+def _is_box(value) -> bool:
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(value, list) and len(value) == 4 and all(map(number, value))
+
+
+def _predictions(path, key: str, value: str, valid, expected: str) -> dict:
+    """{record[key]: record[value]} of a predictions file, each value checked by `valid` (what it
+    should be: `expected`), so that a null or a number is refused naming its record, not met as
+    a traceback in the metric's code."""
     from ..data.errors import DataFormatError
 
     out = {}
     for k, record in enumerate(_records(path, key)):
         if value not in record:
             raise DataFormatError(path, f"missing key {value!r}", key=f"[{k}].{value}")
+        if not valid(record[value]):
+            raise DataFormatError(
+                path, f"the {value} is {json.dumps(record[value])}, not {expected}", key=f"[{k}].{value}"
+            )
         out[record[key]] = record[value]
     return out
