@@ -213,21 +213,24 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True, settin
     return TrainingContext(config, inputs, processor, tracker, device, progress=not getattr(args, "quiet", False))
 
 
-def _run_tracked(tracker, out: Path, work):
-    """Run `work`, holding its output folder; log the folder's metrics.json and best checkpoint;
-    close the run."""
+def _holding(out: Path):
+    """Hold a training run's output folder from its first step, before any set-up (the preset,
+    the tokenizer, the MLflow run, the model): a second run into the folder stops at once instead
+    of after minutes of set-up on a loaded machine. Under torchrun the processes of one run share
+    the folder: rank 0 holds it (torchrun's RANK, known before the process group is joined)."""
+    import os
     from contextlib import nullcontext
 
-    from ..engine.distributed import is_main_process
-    from ..io import FolderInUseError, exclusive_folder
+    from ..io import exclusive_folder
 
+    return exclusive_folder(out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
+
+
+def _run_tracked(tracker, out: Path, work):
+    """Run `work` (its caller holds `out`: `_holding`); log the folder's metrics.json and best
+    checkpoint; close the run."""
     try:
-        # Under torchrun the processes of one run share the folder: the first one holds it.
-        with exclusive_folder(out) if is_main_process() else nullcontext():
-            result = work()
-    except FolderInUseError:
-        tracker.close("KILLED")
-        raise
+        result = work()
     except BaseException:
         tracker.close("FAILED")
         raise
@@ -244,23 +247,25 @@ def bert_init(args) -> int:
     from ..engine.bert_init import bert_init as pretrain_bert
     from ..io import write_json
 
-    context = _training_context(args, "bert_init", {})
-    config = context.preset
-    if "bert_init" not in config:
-        raise ValueError(
-            f"{args.config}: bert_init: missing required key (the paper preset names a BERT "
-            "checkpoint in model.bert instead)"
-        )
     out = Path(args.out)
+    with _holding(out):
+        context = _training_context(args, "bert_init", {})
+        config = context.preset
+        if "bert_init" not in config:
+            context.tracker.close("FAILED")
+            raise ValueError(
+                f"{args.config}: bert_init: missing required key (the paper preset names a BERT "
+                "checkpoint in model.bert instead)"
+            )
 
-    def work():
-        summary = pretrain_bert(
-            config, config["data"]["root"], out, context.tracker, context.processor, progress=context.progress
-        )
-        write_json(out / "metrics.json", summary, indent=2)
-        return summary
+        def work():
+            summary = pretrain_bert(
+                config, config["data"]["root"], out, context.tracker, context.processor, progress=context.progress
+            )
+            write_json(out / "metrics.json", summary, indent=2)
+            return summary
 
-    _run_tracked(context.tracker, out, work)
+        _run_tracked(context.tracker, out, work)
     print(f"bert-init: {out / 'bert'}")
     return 0
 
@@ -273,15 +278,16 @@ def pretrain(args) -> int:
     from ..registry import setting
 
     chosen = setting(args.setting)
-    context = _training_context(args, "pretrain", {SETTING_TAG: chosen.name})
     out = Path(args.out)
+    with _holding(out):
+        context = _training_context(args, "pretrain", {SETTING_TAG: chosen.name})
 
-    def work():
-        summary = pretrain_setting(context, chosen, out)
-        write_json(out / "metrics.json", summary, indent=2)
-        return summary
+        def work():
+            summary = pretrain_setting(context, chosen, out)
+            write_json(out / "metrics.json", summary, indent=2)
+            return summary
 
-    summary = _run_tracked(context.tracker, out, work)
+        summary = _run_tracked(context.tracker, out, work)
     print(f"pretrain {chosen.name}: {summary.get('val', {})} -> {out / 'best'}")
     return 0
 
@@ -307,15 +313,18 @@ def finetune(args) -> int:
     for task, seed in runs:
         out = Path(args.out) / task / f"seed{seed}" if len(runs) > 1 else Path(args.out)
         tags = {SETTING_TAG: chosen.name, TASK_TAG: task, SEED_TAG: seed, LR_TAG: lrs[task]}
-        context = _training_context(args, "finetune", tags, setting=chosen)
-        if args.continue_trial:
-            trial = continue_trial(Path(args.lr_from) / task, seed, out)
-            if trial is not None:
-                context.tracker.log_params({"continued_from_trial": str(trial)})
-                print(f"finetune {chosen.name}/{task} seed {seed}: continuing the sweep's trial {trial}")
-        metrics = _run_tracked(
-            context.tracker, out, lambda: finetune_setting(context, chosen, task, lrs[task], seed, out)
-        )
+        with _holding(out):
+            context = _training_context(args, "finetune", tags, setting=chosen)
+
+            def work(context=context, task=task, seed=seed, out=out):
+                if args.continue_trial:
+                    trial = continue_trial(Path(args.lr_from) / task, seed, out)
+                    if trial is not None:
+                        context.tracker.log_params({"continued_from_trial": str(trial)})
+                        print(f"finetune {chosen.name}/{task} seed {seed}: continuing the sweep's trial {trial}")
+                return finetune_setting(context, chosen, task, lrs[task], seed, out)
+
+            metrics = _run_tracked(context.tracker, out, work)
         if metrics:
             print(
                 f"finetune {chosen.name}/{task} seed {seed}: val {metrics['val']['accuracy']:.2f} "
