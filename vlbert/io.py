@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -71,6 +72,7 @@ def exclusive_folder(path: str | os.PathLike):
     from filelock import FileLock, Timeout
 
     path = Path(path)
+    made = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     lock, holder = FileLock(path / ".lock", timeout=0), path / ".lock.pid"
     try:
@@ -84,6 +86,13 @@ def exclusive_folder(path: str | os.PathLike):
         holder.write_text(f"{os.getpid()}\n")
         yield path
     finally:
+        # A run that stopped before writing anything (a bad preset, an unreachable store) leaves
+        # no folder it made: held from the start, it is made before any of that is known.
+        if made and {p.name for p in path.iterdir()} <= {".lock", ".lock.pid"}:
+            holder.unlink(missing_ok=True)
+            (path / ".lock").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # another run made its lock there meanwhile
+                path.rmdir()
         lock.release()
 
 
