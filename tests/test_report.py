@@ -24,7 +24,7 @@ class Store:
         self.experiment = self.client.create_experiment("vlbert-ablation-smoke")
         self.clock = 1_700_000_000_000
 
-    def run(self, setting, task, seed, accuracy=None, status="FINISHED") -> str:
+    def run(self, setting, task, seed, accuracy=None, status="FINISHED", tags=None) -> str:
         """One run, newer than every run before it; `accuracy` None: it logged no final figures."""
         from mlflow.entities import Metric
 
@@ -33,7 +33,7 @@ class Store:
             self.experiment,
             start_time=self.clock,
             run_name=f"finetune-{setting}-{task}-{seed}",
-            tags={"stage": "finetune", "setting": setting, "task": task, "seed": str(seed)},
+            tags={"stage": "finetune", "setting": setting, "task": task, "seed": str(seed), **(tags or {})},
         )
         if accuracy is not None:
             self.client.log_batch(
@@ -289,3 +289,29 @@ def test_the_reports_json_is_strict_with_null_for_a_missing_value(tmp_path, monk
     systems = {f["id"]: f for f in parsed["systems_findings.json"]}
     vqa = next(t for t in systems["vilbert_pretrain_helps"]["tasks"] if t["task"] == "vqa")
     assert vqa["delta"] is None and vqa["missing"] == ["vilbert"]
+
+
+def test_a_run_whose_process_is_gone_is_ended_and_its_cell_shown_killed(tmp_path, monkeypatch, capsys):
+    # Seen: a SIGKILLed fine-tuning job's run stayed RUNNING, its cell `-` as if it never ran.
+    import subprocess
+    import sys
+
+    from vlbert.tracking import ENDED_TAG, PID_TAG, process_tags
+
+    store = Store(tmp_path)
+    for setting in SCORES:
+        for task in TABLE4_TASKS:
+            if (setting, task) != ("c", "vqa"):
+                store.run(setting, task, 0, SCORES[setting])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    killed = store.run("c", "vqa", 0, None, status="RUNNING", tags={**process_tags(), PID_TAG: str(gone.pid)})
+    report = _report(store, tmp_path, monkeypatch)
+    err = capsys.readouterr().err
+    run = store.client.get_run(killed)
+    assert run.info.status == "KILLED" and f"PID {gone.pid}" in run.data.tags[ENDED_TAG]
+    table = (report / "table4.md").read_text()
+    assert _rows(table)["c"][2] == "killed" and _rows(table)["c"][0] != "killed"
+    assert f"c / vqa / seed 0: run {killed} was killed before it had results (its process (PID {gone.pid}" in table
+    assert "runs killed before they had results for c / vqa: killed in Table 4" in err
+    assert "no run with results" not in err

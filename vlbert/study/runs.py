@@ -414,12 +414,13 @@ def report(args) -> int:
     """Read the study's runs from MLflow and write table4.{md,csv,tex}, findings.md, figures/*.png and
     runs.csv."""
     from ..config import dataset_root, load_config
-    from ..tracking import default_tracking_uri, experiment_name
+    from ..tracking import default_tracking_uri, end_dead_runs, experiment_name
     from .report import write_report
 
     config = load_config(args.config)
     uri = args.tracking_uri or default_tracking_uri(config)
     experiment = experiment_name(config)
+    end_dead_runs(uri, experiment)  # a killed job's run is shown as killed, not as one still going
     layout = Layout(config["name"])
     sweeps = sorted(Path(args.sweeps or layout.sweeps).glob("*/*/best.json"))
     vcr_val = dataset_root(config, "vcr") / "val.jsonl"

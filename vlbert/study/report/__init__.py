@@ -21,6 +21,8 @@ from .read import (
     collect_runs,
     derive_q2ar,
     derive_vcr_kinds,
+    killed_notes,
+    killed_without_results,
     latest_pretraining,
     latest_results,
     paper_numbers,
@@ -74,6 +76,8 @@ def write_report(
         raise ValueError(f"MLflow experiment {experiment!r} has no runs yet")
     runs.sort_values(["stage", "setting", "task", "seed"], na_position="last").to_csv(out / "runs.csv", index=False)
     finetunes, finetune_notes = latest_results(runs, "finetune")
+    killed = killed_without_results(runs, "finetune")
+    finetune_notes += killed_notes(killed)
     pretrain_notes = latest_results(runs, "pretrain")[1]
     derived, by_kind = pd.DataFrame(), None
     if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]):
@@ -81,7 +85,7 @@ def write_report(
         derived = derive_q2ar(finetunes, predictions, labels)
         kinds = vcr_question_kinds(vcr_val)
         by_kind = derive_vcr_kinds(finetunes, predictions, labels, kinds) if kinds else None
-    table = table4(finetunes)
+    table = table4(finetunes, zip(killed["setting"], killed["task"]))
     write_tables(table, paper, out, finetune_notes)
     if not derived.empty:
         write_q2ar(derived, out, by_kind)
