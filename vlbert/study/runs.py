@@ -70,8 +70,8 @@ def extract_rois(args) -> int:
     from ..config import dataset_root, load_config
     from ..detection.backends import build_backend
     from ..detection.extract import Chunk, StoreFormat, chunk_manifest, extract_chunk, extract_to_store
+    from ..detection.identity import DETECTOR_ATTR, detector_weights, weights_identity
     from ..detection.sources import image_items
-    from ..engine.checkpoint import file_identity
 
     config = load_config(args.config, check_paths_exist=True)
     if args.data:
@@ -87,8 +87,7 @@ def extract_rois(args) -> int:
         "preset": config["name"],
         "rule": json.dumps(backend.rule.__dict__),
         "detector": str(Path(args.detector).resolve()) if args.detector else config["detector"]["backend"],
-        # The weights, not the folder: a detector trained again into the same folder is another one.
-        "detector_weights": json.dumps(file_identity(detector_weights(config, args.detector))),
+        DETECTOR_ATTR: weights_identity(detector_weights(config, args.detector)),
     }
     options = dict(
         batch_size=args.batch_size,
@@ -112,15 +111,6 @@ def extract_rois(args) -> int:
         )
     )
     return 0
-
-
-def detector_weights(config: dict, detector_dir) -> Path:
-    """The weights file extraction runs: detectron2's, else the trained detector's."""
-    if config["detector"].get("backend") == "detectron2":
-        return Path(config["detector"]["detectron2"]["weights"])
-    from ..detection.model import WEIGHTS_FILE
-
-    return Path(detector_dir) / WEIGHTS_FILE
 
 
 def index_store(args) -> int:
