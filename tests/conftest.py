@@ -103,12 +103,14 @@ def smoke_study(smoke_config, smoke_world, smoke_detector, tmp_path_factory):
     from vlbert.cli import main
     from vlbert.detection.backends import TorchvisionBackend
     from vlbert.detection.extract import extract_to_store
-    from vlbert.detection.model import load_detector
+    from vlbert.detection.identity import DETECTOR_ATTR, weights_identity
+    from vlbert.detection.model import WEIGHTS_FILE, load_detector
     from vlbert.detection.rules import BoxRule
     from vlbert.detection.sources import image_items
     from vlbert.registry import FEATURE_STORES
 
     root = tmp_path_factory.mktemp("smoke_study")
+    detector = weights_identity(smoke_detector / WEIGHTS_FILE)  # as `vlbert extract-rois` records it
     model, det_config = load_detector(smoke_detector)
     backend = TorchvisionBackend(model, det_config, BoxRule())
     for store in FEATURE_STORES:
@@ -118,7 +120,7 @@ def smoke_study(smoke_config, smoke_world, smoke_detector, tmp_path_factory):
             items,
             root / "features" / f"{store.name}.h5",
             progress=False,
-            attrs={"dataset": store.dataset, "split": store.split},
+            attrs={"dataset": store.dataset, "split": store.split, DETECTOR_ATTR: detector},
         )
     assert (
         main(

@@ -7,6 +7,8 @@ import pickle
 import h5py
 import pytest
 import torch
+import yaml
+from conftest import REPO, study_args
 
 from vlbert.cli import main
 from vlbert.study import runs
@@ -107,3 +109,121 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "make_data", _raise(_is_a_directory(tmp_path)))
     with pytest.raises(IsADirectoryError):
         main(["--debug", "make-data", "--config", "unused.yaml"])
+
+
+def test_make_data_refuses_a_root_with_a_foreign_file_in_one_line(tmp_path, capsys):
+    preset = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
+    preset["data"]["root"] = str(tmp_path / "data")
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset))
+    (tmp_path / "data/vqa").mkdir(parents=True)
+    (tmp_path / "data/vqa/precious.txt").write_text("mine")
+    assert main(["make-data", "--config", str(tmp_path / "preset.yaml"), "--only", "vqa", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"vlbert make-data: error: {tmp_path}/data/vqa: holds precious.txt, which make-data did not write, and it "
+        "would replace this folder: move the file elsewhere, or give make-data another --out (data.root)\n"
+    )
+    assert (tmp_path / "data/vqa/precious.txt").read_text() == "mine"
+
+
+def test_make_data_refuses_an_out_at_a_system_path(tmp_path, capsys):
+    assert main(["make-data", "--config", str(REPO / "experiments/smoke.yaml"), "--out", "/"]) == 2
+    assert capsys.readouterr().err == (
+        "vlbert make-data: error: --out: / is a system folder: give the study a folder of its own\n"
+    )
+
+
+def _store_without_its_first_image(source, out):
+    """The store `source` rewritten as one shard without its first image."""
+    from types import SimpleNamespace
+
+    from vlbert.data.feature_store import FeatureStore, plain_attr, write_shard
+
+    with FeatureStore(source) as store:
+        keys = store.keys[1:]
+        results = [SimpleNamespace(**store[key]) for key in keys]
+        own = ("skipped", "num_skipped", "num_images", "num_classes")
+        attrs = {k: plain_attr(v) for k, v in store.attrs.items() if k not in own}
+    write_shard(out, keys, results, [], attrs)
+    return store.keys[0]
+
+
+def test_finetune_on_a_store_that_lacks_an_image_is_one_line(smoke_study, tmp_path, capsys):
+    # Seen: a KeyError traceback, exit 1.
+    import shutil
+
+    features = tmp_path / "features"
+    shutil.copytree(smoke_study["features"], features)
+    store = features / "vqa.val2014.det.h5"
+    store.unlink()
+    missing = _store_without_its_first_image(smoke_study["features"] / store.name, store)
+    study = {**smoke_study, "features": features}
+    args = [
+        "--setting",
+        "no_pretrain",
+        "--task",
+        "vqa",
+        "--lr",
+        "0.001",
+        "--seed",
+        "0",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    assert main(["finetune", *args, *study_args(study)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"vlbert finetune: error: {store}: no image {missing!r}") and err.count("\n") == 1
+
+
+def _copied_features(smoke_study, tmp_path):
+    import shutil
+
+    features = tmp_path / "features"
+    shutil.copytree(smoke_study["features"], features)
+    return features, {**smoke_study, "features": features}
+
+
+FINETUNE = ["finetune", "--setting", "no_pretrain", "--task", "vqa", "--lr", "0.001", "--seed", "0"]
+
+
+def test_finetune_refuses_a_shard_whose_features_were_altered_naming_it(smoke_study, tmp_path, capsys):
+    # Seen: a vqa.train2014.det shard's features multiplied by 1000 with h5py were trained on.
+    features, study = _copied_features(smoke_study, tmp_path)
+    shard = features / "vqa.train2014.det.shards" / "shard_000000.h5"
+    with h5py.File(shard, "r+") as f:
+        f["features"][...] = f["features"][()] * 1000
+    assert main([*FINETUNE, "--out", str(tmp_path / "run"), *study_args(study)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"vlbert finetune: error: {shard}: its features (now in [") and err.count("\n") == 1
+    assert "differ from what extraction wrote (checksums)" in err
+
+
+@pytest.mark.parametrize("verb", ["finetune", "pretrain"])
+def test_training_refuses_the_stores_of_another_detector_naming_them(verb, smoke_study, tmp_path, capsys):
+    # Seen: a store whose detector_weights named another detector was trained on.
+    features, study = _copied_features(smoke_study, tmp_path)
+    name = "vqa.train2014.det.h5" if verb == "finetune" else "conceptual_captions.train.det.h5"
+    with h5py.File(features / name, "r+") as f:  # the index: what the store says it was made from
+        f.attrs["detector_weights"] = '"sha256 of another detector"'
+    args = FINETUNE[1:] if verb == "finetune" else ["--setting", "a"]
+    assert main([verb, *args, "--out", str(tmp_path / "run"), *study_args(study)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"vlbert {verb}: error: {features / name}: its regions come from the detector whose weights are "
+        '"sha256 of another detector", but the study\'s detector\'s are "sha256 '
+    )
+    assert err.count("\n") == 1 and "extract the stores again" in err
+
+
+def test_every_setting_checks_its_stores_detector(tmp_path):
+    from conftest import tiny_store
+
+    from vlbert.data.errors import DataFormatError
+    from vlbert.engine.tuned_features import check_store_features
+    from vlbert.registry import SETTINGS
+
+    store = tiny_store(tmp_path / "vqa.train2014.det.h5", detector_weights='"sha256 one"')
+    for setting in SETTINGS.values():
+        pretrained = tmp_path / "pretrain" if setting.pretrains else None
+        with pytest.raises(DataFormatError, match=r"its regions come from the detector whose weights are"):
+            check_store_features(setting, [store], pretrained, '"sha256 two"')

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import yaml
 from conftest import REPO
@@ -41,6 +43,46 @@ def test_fractional_epochs_are_refused(tmp_path):
     config["pretrain"]["epochs"] = 0.3
     with pytest.raises(ConfigError, match=r"pretrain\.epochs: 0\.3 is not of type 'integer'"):
         load_config(_write(tmp_path, config))
+
+
+NON_FINITE = {
+    "pretrain.lr": (("pretrain", "lr"), float("nan")),
+    "sweep.lrs.vqa.0": (("sweep", "lrs", "vqa", 0), float("inf")),
+    "training.grad_clip": (("training", "grad_clip"), float("nan")),
+    "finetune.epoch_factor": (("finetune", "epoch_factor"), float("inf")),
+    "finetune.vqa.weight_decay": (("finetune", "vqa", "weight_decay"), float("-inf")),
+}
+
+
+@pytest.mark.parametrize("key", list(NON_FINITE))
+def test_non_finite_numbers_are_refused_naming_the_key(key, tmp_path):
+    # Seen: NaN and inf passed the schema's bounds (every comparison with NaN is false), exit 0.
+    where, value = NON_FINITE[key]
+    config = _smoke()
+    section = config
+    for part in where[:-1]:
+        section = section[part]
+    section[where[-1]] = value
+    with pytest.raises(ConfigError, match=rf"preset\.yaml: {re.escape(key)}: -?(nan|inf) is not a finite number"):
+        load_config(_write(tmp_path, config))
+
+
+def test_a_nan_rate_stops_the_cli_with_exit_2(tmp_path, capsys):
+    from vlbert.cli import main
+
+    path = tmp_path / "preset.yaml"
+    path.write_text(
+        (REPO / "experiments" / "smoke.yaml")
+        .read_text()
+        .replace(
+            "lr: 1.0e-3, cnn_lr_factor: 0.1, weight_decay: 1.0e-4, warmup_steps: 2, schedule: linear_decay, epochs: 1",
+            "lr: .nan, cnn_lr_factor: 0.1, weight_decay: 1.0e-4, warmup_steps: 2, schedule: linear_decay, epochs: 1",
+        )
+    )
+    assert "lr: .nan" in path.read_text()
+    assert main(["make-data", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vlbert make-data: error: {path}: pretrain.lr: nan is not a finite number\n"
 
 
 def test_missing_required_key_is_named(tmp_path):
@@ -87,3 +129,32 @@ def test_loading_section_is_not_part_of_a_run_identity():
         config["loading"]["workers"],
         config["loading"]["prefetch_batches"],
     )
+
+
+UNSAFE_ROOTS = {
+    "/": "a system folder",
+    "/etc": "a system folder",
+    "/usr/share/data": "a system folder",
+    "~": "the home folder itself",
+    str(REPO / "vlbert"): "inside the package's source",
+    str(REPO / "vlbert" / "data"): "inside the package's source",
+    "vlbert": "inside the package's source",  # relative to the folder the study runs in
+}
+
+
+@pytest.mark.parametrize("root", list(UNSAFE_ROOTS))
+def test_a_data_root_at_a_system_path_or_in_the_package_is_refused(root, tmp_path, monkeypatch):
+    # Seen: `root: vlbert` wrote into the package source; `root: /` planned `make-data --out //`.
+    monkeypatch.chdir(REPO)
+    config = _smoke()
+    config["data"]["root"] = root
+    with pytest.raises(ConfigError, match=rf"preset\.yaml: data\.root: {re.escape(root)} is {UNSAFE_ROOTS[root]}"):
+        load_config(_write(tmp_path, config))
+
+
+def test_a_data_root_of_its_own_is_fine(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for root in (str(tmp_path / "data"), "results/x/data", "~/vlbert-data"):
+        config = _smoke()
+        config["data"]["root"] = root
+        assert load_config(_write(tmp_path, config))["data"]["root"] == root

@@ -132,6 +132,19 @@ def test_evaluate_vcr_q2ar_from_a_pair_of_runs(tmp_path, capsys):
             [{"annot_id": "val-0", "answer": 0, "rationale": 1}, {"annot_id": "val-1", "answer": 2}],
             "q2a.json: rationale: given for 1 of the 2 questions, not for annot_id 'val-1' and 0 more",
         ),
+        # A null or a string choice used to be a TypeError (or ValueError) from int().
+        (
+            [{"annot_id": "val-0", "answer": None}, {"annot_id": "val-1", "answer": 2}],
+            "q2a.json: annot_id 'val-0': answer is null, not a choice 0..3",
+        ),
+        (
+            [{"annot_id": "val-0", "answer": 0}, {"annot_id": "val-1", "answer": "two"}],
+            "q2a.json: annot_id 'val-1': answer is \"two\", not a choice 0..3",
+        ),
+        (
+            [{"annot_id": "val-0", "answer_probs": [0.5, 0.5]}, {"annot_id": "val-1", "answer": 2}],
+            "q2a.json: annot_id 'val-0': answer_probs is [0.5, 0.5], not 4 numbers",
+        ),
     ],
 )
 def test_vcr_predictions_for_other_questions_are_refused(tmp_path, capsys, records, error):
@@ -286,6 +299,29 @@ def test_bad_predictions_name_the_key(tmp_path, capsys):
         == 2
     )
     assert "pred.json [[1].answer]: missing key 'answer'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("answer, shown", [(None, "null"), (3, "3"), (["red"], '["red"]')])
+def test_a_vqa_answer_that_is_not_a_string_is_one_line(answer, shown, tmp_path, capsys):
+    # Seen: an AttributeError in `_strip`, exit 1, for a null or a number.
+    path = tmp_path / "pred.json"
+    records = [{"question_id": 420, "answer": "red"}, {"question_id": 421, "answer": answer}]
+    path.write_text(json.dumps(records + [{"question_id": 730, "answer": "yes"}]))
+    root = FIXTURES / "vqa"
+    args = ["--questions", str(root / "v2_OpenEnded_mscoco_val2014_questions.json")]
+    args += ["--annotations", str(root / "v2_mscoco_val2014_annotations.json"), "--predictions", str(path)]
+    assert main(["evaluate", "vqa", *args]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vlbert evaluate: error: {path} [[1].answer]: the answer is {shown}, not a string\n"
+
+
+@pytest.mark.parametrize("box, shown", [(None, "null"), ([0, 0, 1], "[0, 0, 1]"), ("0 0 1 1", '"0 0 1 1"')])
+def test_a_refcoco_box_that_is_not_four_numbers_is_one_line(box, shown, refcoco_fixture, tmp_path, capsys):
+    path = tmp_path / "pred.json"
+    path.write_text(json.dumps([{"sent_id": s, "bbox": [0, 0, 1, 1] if s else box} for s in range(4)]))
+    assert main(["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vlbert evaluate: error: {path} [[0].bbox]: the bbox is {shown}, not [x, y, w, h] numbers\n"
 
 
 def test_make_data_cli_on_a_bad_preset(tmp_path, capsys):

@@ -290,3 +290,76 @@ def test_preloaded_store_pickles(tmp_path):
     assert store["b"]["features"].shape[1] == 16
     streamed = pickle.loads(pickle.dumps(FeatureStore(out)))  # handles stay behind; the copy opens its own
     assert streamed["a"]["width"] == 96
+
+
+def _altered(tmp_path, alter):
+    """A two-shard store whose second shard `alter(h5py file)` changed after extraction."""
+    out = tmp_path / "s.h5"
+    _write_sharded(out, [f"img{k}" for k in range(6)], _results(6), 3)
+    shard = shards_folder(out) / "shard_000001.h5"
+    with h5py.File(shard, "r+") as f:
+        alter(f)
+    return out, shard
+
+
+def _times_1000(f):
+    f["features"][...] = f["features"][()] * 1000
+
+
+def _ff_bytes(f):
+    data = f["features"][()]
+    data.reshape(-1).view(np.uint8)[:4] = 0xFF  # a block of 0xFF bytes: two NaN in float16
+    f["features"][...] = data
+
+
+ALTERATIONS = {
+    "features x 1000": (
+        _times_1000,
+        r"its features \(now in \[-?\d[\d.e+]*, \d[\d.e+]*\]; written in \[-?[\d.]+, [\d.]+\]\)",
+    ),
+    "0xFF bytes": (_ff_bytes, r"its features \(now in \[.*\] with 2 values that are not finite; written in"),
+    "detector attribute": (
+        lambda f: f.attrs.modify("detector_weights", '"sha256 another"'),
+        r"its attribute 'detector_weights'",
+    ),
+    "boxes": (lambda f: f["boxes"].__setitem__((0, 0), 7.0), r"its boxes"),
+}
+
+
+@pytest.mark.parametrize("alteration", list(ALTERATIONS))
+@pytest.mark.parametrize("preload", [False, True])
+def test_a_verifying_reader_refuses_an_altered_shard_naming_it_and_what_differs(alteration, preload, tmp_path):
+    # Seen: features multiplied by 1000, or a shard's detector_weights changed, were trained on;
+    # 0xFF bytes stopped the run at "non-finite loss at step 1", which did not name the store.
+    import re
+
+    alter, says = ALTERATIONS[alteration]
+    out, shard = _altered(tmp_path, alter)
+    FeatureStore(out, preload=preload)["img4"]  # a reader that does not verify reads it as it is
+    with pytest.raises(DataFormatError) as refused:
+        store = FeatureStore(out, preload=preload, verify=True)
+        store["img0"]  # the first shard is as extraction wrote it
+        store["img4"]
+    message = str(refused.value)
+    assert message.startswith(f"{shard}: ") and "differ from what extraction wrote (checksums)" in message
+    assert re.search(says, message), message
+
+
+def test_a_shard_is_verified_once_per_process_and_one_without_checksums_is_refused(tmp_path, monkeypatch):
+    from vlbert.data import feature_store
+
+    out = tmp_path / "s.h5"
+    _write_sharded(out, [f"img{k}" for k in range(6)], _results(6), 3)
+    checked = []
+    check = feature_store.check_content
+    monkeypatch.setattr(feature_store, "check_content", lambda f, path, *a: (checked.append(path), check(f, path, *a)))
+    for _ in range(2):  # a task opens its stores again for each split it scores
+        store = FeatureStore(out, verify=True, max_open_shards=1)
+        for key in ("img0", "img4", "img0"):  # shards closed and opened again
+            store[key]
+    assert [p.name for p in checked] == ["shard_000000.h5", "shard_000001.h5"]
+    legacy = tmp_path / "legacy.h5"
+    _write_legacy(legacy, ["a", "b"], _results(2))
+    assert FeatureStore(legacy)["a"] is not None
+    with pytest.raises(DataFormatError, match=r"legacy\.h5: records no content checksum .*extract-rois` again"):
+        FeatureStore(legacy, verify=True)["a"]

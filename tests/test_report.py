@@ -315,3 +315,58 @@ def test_runs_on_a_share_of_the_training_set_get_their_own_table_and_stay_out_of
     assert "| VQA | 10% | 20.5 ± 0.7 | 50.5 ± 0.7 | +30.0 | 4.1 | yes |" in text  # 2 SE: 2 * hypot(1.28, 1.58)
     assert "| VQA | 100% | 40.5 ± 0.7 | 60.5 ± 0.7 | +20.0 |" in text
     assert (report / "figures" / "data_fractions.png").stat().st_size > 10_000
+
+
+def _strict_json(path):
+    """JSON as the standard has it: Python's own parser takes bare NaN and Infinity tokens."""
+
+    def refuse(token):
+        raise ValueError(f"{path}: {token} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_the_reports_json_is_strict_with_null_for_a_missing_value(tmp_path, monkeypatch):
+    # Seen: 21 bare NaN tokens in the smoke study's findings.json, wherever a cell had one seed or
+    # no runs, and 10 in systems_findings.json.
+    store = Store(tmp_path)
+    scores = {"no_pretrain": 40.0, "c": 60.0, "full": 62.0, "vilbert_no_pretrain": 42.0, "vilbert": 58.0}
+    for setting, score in scores.items():
+        for task in TABLE4_TASKS:
+            if (setting, task) != ("vilbert", "vqa"):
+                store.run(setting, task, 0, score)  # one seed each: no spread anywhere
+    report = _report(store, tmp_path, monkeypatch)
+    written = sorted(report.rglob("*.json"))
+    assert {p.name for p in written} >= {"findings.json", "systems_findings.json"}
+    parsed = {p.name: _strict_json(p) for p in written}
+    tasks = [t for f in parsed["findings.json"] + parsed["systems_findings.json"] for t in f["tasks"]]
+    assert tasks and all(t["spread"] is None for t in tasks)
+    systems = {f["id"]: f for f in parsed["systems_findings.json"]}
+    vqa = next(t for t in systems["vilbert_pretrain_helps"]["tasks"] if t["task"] == "vqa")
+    assert vqa["delta"] is None and vqa["missing"] == ["vilbert"]
+
+
+def test_a_run_whose_process_is_gone_is_ended_and_its_cell_shown_killed(tmp_path, monkeypatch, capsys):
+    # Seen: a SIGKILLed fine-tuning job's run stayed RUNNING, its cell `-` as if it never ran.
+    import subprocess
+    import sys
+
+    from vlbert.tracking import ENDED_TAG, PID_TAG, process_tags
+
+    store = Store(tmp_path)
+    for setting in SCORES:
+        for task in TABLE4_TASKS:
+            if (setting, task) != ("c", "vqa"):
+                store.run(setting, task, 0, SCORES[setting])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    killed = store.run("c", "vqa", 0, None, status="RUNNING", tags={**process_tags(), PID_TAG: str(gone.pid)})
+    report = _report(store, tmp_path, monkeypatch)
+    err = capsys.readouterr().err
+    run = store.client.get_run(killed)
+    assert run.info.status == "KILLED" and f"PID {gone.pid}" in run.data.tags[ENDED_TAG]
+    table = (report / "table4.md").read_text()
+    assert _rows(table)["c"][2] == "killed" and _rows(table)["c"][0] != "killed"
+    assert f"c / vqa / seed 0: run {killed} was killed before it had results (its process (PID {gone.pid}" in table
+    assert "runs killed before they had results for c / vqa: killed in Table 4" in err
+    assert "no run with results" not in err

@@ -321,3 +321,25 @@ def test_paper_dry_run_scatters_extraction_into_chunks(tmp_path):
     assert all("--device cuda" in command for command in commands)
     indexes = [line for line in result.stdout.splitlines() if line.startswith("Shell command: vlbert index-store")]
     assert len(indexes) == len(by_store) and all(line.count("chunk_") == chunks for line in indexes)
+
+
+def _dry_run(tmp_path, preset: dict) -> subprocess.CompletedProcess:
+    path = tmp_path / "preset.yaml"
+    path.write_text(yaml.safe_dump(preset))
+    return subprocess.run(
+        SNAKEMAKE + ["-n", "--configfile", str(path), "--directory", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_dry_run_refuses_a_non_finite_rate(tmp_path):
+    """The DAG validates as the CLI does: a NaN rate passes the schema's bounds."""
+    result = _dry_run(tmp_path, {**SMOKE, "pretrain": {**SMOKE["pretrain"], "lr": float("nan")}})
+    assert result.returncode != 0 and "pretrain.lr: nan is not a finite number" in result.stdout + result.stderr
+
+
+def test_dry_run_refuses_a_data_root_at_a_system_path(tmp_path):
+    # Seen: `root: /` planned `vlbert make-data --out //`.
+    result = _dry_run(tmp_path, {**SMOKE, "data": {**SMOKE["data"], "root": "/"}})
+    assert result.returncode != 0 and "data.root: / is a system folder" in result.stdout + result.stderr

@@ -277,3 +277,50 @@ def test_mini_tasks_blind_floors_meet_their_bars(tmp_path):
     assert vqa["question_only"] <= 40 and vqa["question_only_pairs"] == 0 and se(50, vqa["n"]) <= 1.2
     refcoco = floors["refcoco_det"]["reported"]
     assert refcoco["no_colour_rule_rare"] <= 50 and se(80, refcoco["n"]) <= 1.5
+
+
+def test_a_data_set_folder_holding_a_foreign_file_is_never_replaced(smoke_config, tmp_path):
+    # Seen: `make-data --only vqa` on a root whose vqa/ held precious.txt said "wrote vqa" and
+    # the file was gone.
+    from vlbert.data.synthetic.ownership import ForeignFileError
+
+    spec = synthetic_spec(smoke_config)
+    (tmp_path / "text_corpus").mkdir()
+    (tmp_path / "text_corpus/precious.txt").write_text("mine")
+    with pytest.raises(ForeignFileError, match=rf"{tmp_path}/text_corpus: holds precious\.txt, which make-data"):
+        make_world(spec, tmp_path, datasets=["text_corpus"], progress=False)
+    assert (tmp_path / "text_corpus/precious.txt").read_text() == "mine"
+
+
+def test_a_file_added_to_a_made_folder_is_kept_when_the_spec_changes(smoke_config, tmp_path):
+    from vlbert.data.synthetic.ownership import ForeignFileError
+
+    spec = synthetic_spec(smoke_config)
+    assert make_world(spec, tmp_path, datasets=["text_corpus"], progress=False) == ["text_corpus"]
+    (tmp_path / "text_corpus/notes").mkdir()
+    (tmp_path / "text_corpus/notes/mine.txt").write_text("mine")
+    assert make_world(spec, tmp_path, datasets=["text_corpus"], progress=False) == []  # up to date: untouched
+    changed = spec | {"text_corpus": {"passages": 7}}
+    with pytest.raises(ForeignFileError, match=r"text_corpus: holds notes/mine\.txt"):
+        make_world(changed, tmp_path, datasets=["text_corpus"], force=True, progress=False)
+    assert (tmp_path / "text_corpus/notes/mine.txt").is_file()
+    (tmp_path / "text_corpus/notes/mine.txt").unlink()
+    assert make_world(changed, tmp_path, datasets=["text_corpus"], progress=False) == ["text_corpus"]
+
+
+def test_what_make_data_wrote_before_manifests_and_its_partial_folders_are_remade(smoke_config, tmp_path):
+    from vlbert.data.synthetic import SPEC_STAMP
+    from vlbert.data.synthetic.ownership import MANIFEST, ForeignFileError
+
+    spec = synthetic_spec(smoke_config)
+    make_world(spec, tmp_path, datasets=["text_corpus"], progress=False)
+    (tmp_path / "text_corpus" / MANIFEST).unlink()  # an older make-data's folder: its stamp alone
+    (tmp_path / "text_corpus.partial").mkdir()  # an interrupted run's, stamp first
+    (tmp_path / "text_corpus.partial" / SPEC_STAMP).write_text("{}")
+    (tmp_path / "text_corpus.partial/corpus.txt").write_text("half")
+    assert make_world(spec, tmp_path, datasets=["text_corpus"], force=True, progress=False) == ["text_corpus"]
+    assert not (tmp_path / "text_corpus.partial").exists() and (tmp_path / "text_corpus" / MANIFEST).is_file()
+    (tmp_path / "text_corpus.partial").mkdir()  # not make-data's: no stamp
+    (tmp_path / "text_corpus.partial/mine.txt").write_text("mine")
+    with pytest.raises(ForeignFileError, match=r"text_corpus\.partial: holds mine\.txt"):
+        make_world(spec, tmp_path, datasets=["text_corpus"], force=True, progress=False)

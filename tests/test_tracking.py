@@ -73,3 +73,68 @@ def test_a_parent_run_ends_the_child_runs_left_running(tmp_path):
     assert runs[children[2].run_id].data.tags[ENDED_TAG] == "the sweep ended"
     assert ENDED_TAG not in runs[children[1].run_id].data.tags
     assert runs[other.run_id].info.status == "RUNNING"  # not a child of this run
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_runs_record_their_process_and_the_next_job_ends_those_whose_process_is_gone(tmp_path, capsys):
+    # Seen: a SIGKILLed job's run stayed RUNNING for ever, and the report showed its cell as `-`.
+    import os
+    import socket
+
+    from mlflow.tracking import MlflowClient
+
+    from vlbert.tracking import ENDED_TAG, HOST_TAG, PID_TAG, PROCESS_STARTED_TAG, process_tags
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    live = MLflowTracker(uri, "vlbert-ablation-smoke", "live", {}, system_metrics=False)
+    live.start()
+    client = MlflowClient(uri)
+    tags = client.get_run(live.run_id).data.tags
+    assert tags[HOST_TAG] == socket.gethostname() and tags[PID_TAG] == str(os.getpid())
+    mine = process_tags()
+    runs = {
+        "killed": {**mine, PID_TAG: str(_dead_pid())},
+        "pid reused": {**mine, PROCESS_STARTED_TAG: str(float(mine[PROCESS_STARTED_TAG]) - 3600)},
+        "another host": {**mine, HOST_TAG: "elsewhere", PID_TAG: str(_dead_pid())},
+        "untagged": {},  # a run recorded before runs named their process: nothing known of it
+    }
+    ids = {name: client.create_run(live.experiment_id, tags=tags).info.run_id for name, tags in runs.items()}
+    MLflowTracker(uri, "vlbert-ablation-smoke", "next job", {}, system_metrics=False)
+    status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+    assert status == {"killed": "KILLED", "pid reused": "KILLED", "another host": "RUNNING", "untagged": "RUNNING"}
+    killed = client.get_run(ids["killed"]).data.tags
+    assert killed[ENDED_TAG] == f"its process (PID {killed[PID_TAG]} on {socket.gethostname()}) is gone: " + (
+        "killed before it could end its run"
+    )
+    assert f"MLflow run {ids['killed']} marked KILLED" in capsys.readouterr().out
+    assert client.get_run(live.run_id).info.status == "RUNNING"  # its process is this one
+
+
+def test_a_run_ended_as_gone_goes_on_when_its_folder_resumes_or_says_why_it_never_will(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from vlbert.tracking import ENDED_TAG, PID_TAG, end_dead_runs, process_tags
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    tracker = MLflowTracker(uri, "vlbert-ablation-smoke", "job", {}, system_metrics=False)
+    dead = {**process_tags(), PID_TAG: str(_dead_pid())}
+    resumed, abandoned = (client.create_run(tracker.experiment_id, tags=dead).info.run_id for _ in range(2))
+    assert sorted(end_dead_runs(uri, "vlbert-ablation-smoke")) == sorted([abandoned, resumed])
+    assert tracker.start(continue_run=resumed) == resumed
+    run = client.get_run(resumed)
+    assert run.info.status == "RUNNING" and ENDED_TAG not in run.data.tags
+    assert run.data.tags[PID_TAG] == process_tags()[PID_TAG]
+    tracker.abandon(abandoned, "not continued, as it stopped before its first checkpoint")
+    why = client.get_run(abandoned).data.tags[ENDED_TAG]
+    assert why.startswith("its process (PID") and why.endswith(
+        "; not continued, as it stopped before its first checkpoint"
+    )

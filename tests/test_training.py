@@ -753,6 +753,42 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(smoke_study, 
         pass
 
 
+@pytest.mark.parametrize("verb", ["pretrain", "finetune"])
+def test_a_second_run_stops_before_its_set_up(verb, tmp_path, monkeypatch, capsys):
+    # Seen: the folder was taken after set-up (the preset, tokenizer, MLflow run: over a minute on
+    # a loaded machine), so two runs started together both did their set-up before one stopped.
+    from types import SimpleNamespace
+
+    from vlbert.study import runs
+    from vlbert.tracking import NullTracker
+
+    set_up = []
+
+    def training_context(*args, **kwargs):
+        set_up.append(args[1])
+        return SimpleNamespace(tracker=NullTracker())
+
+    monkeypatch.setattr(runs, "_training_context", training_context)
+    out = tmp_path / "out"
+    hold = (
+        "import sys, time\nfrom vlbert.io import exclusive_folder\nwith exclusive_folder(sys.argv[1]):\n"
+        "    print('held', flush=True)\n    time.sleep(120)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
+    args = {
+        "pretrain": ["--setting", "a"],
+        "finetune": ["--setting", "no_pretrain", "--task", "vqa", "--lr", "0.001", "--seed", "0"],
+    }[verb]
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = main([verb, "--config", "unused.yaml", *args, "--out", str(out)])
+        assert code == 2 and f"{out} is in use by another run (PID {holder.pid})" in capsys.readouterr().err
+        assert set_up == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path):
     from vlbert.engine.loop import LoopConfig, LoopSteps, TrainingLoop
 

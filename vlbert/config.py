@@ -6,6 +6,8 @@ Every error names the preset file and the dotted key at fault, e.g.
 
 from __future__ import annotations
 
+import math
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -16,6 +18,10 @@ from .layout import Layout
 from .registry import family_settings, setting, task
 
 SCHEMA_FILE = "config.schema.yaml"
+# Where a folder the study writes into (make-data writes a folder per data set there) must not be:
+# anywhere in these system trees, or at one of these folders itself.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr")
+SYSTEM_FOLDERS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/var")
 
 
 class ConfigError(ValueError):
@@ -41,7 +47,26 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"{_dotted(where)}: {error.message}"
 
 
+def _non_finite(value, where: tuple = ()):
+    """The key path of the first NaN or infinity in a preset (YAML's .nan, .inf), else None: the
+    schema's bounds let NaN through (every comparison with it is false)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, (*where, key))
+        if found is not None:
+            return found
+    return None
+
+
 def validate(config: dict, source: str = "<config>") -> None:
+    where = _non_finite(config)
+    if where is not None:
+        value = config
+        for key in where:
+            value = value[key]
+        raise ConfigError(f"{source}: {_dotted(where)}: {value} is not a finite number")
     validator = jsonschema.Draft202012Validator(load_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
     if errors:
@@ -50,6 +75,34 @@ def validate(config: dict, source: str = "<config>") -> None:
         while error.context:
             error = min(error.context, key=lambda e: len(e.absolute_path))
         raise ConfigError(f"{source}: {_describe(error)}")
+    if "root" in config["data"]:
+        check_output(config["data"]["root"], "data.root", source)
+
+
+def unsafe_output(path) -> str | None:
+    """Why `path` must not be a folder the study writes into, else None: the package's own source,
+    the home folder itself, or a system path. Checked on the path as written and as resolved
+    (symlinks, `..`), relative paths from the working folder."""
+    package = Path(__file__).resolve().parent
+    home = Path.home().resolve()
+    for candidate in {Path(os.path.abspath(os.path.expanduser(path))), Path(path).expanduser().resolve()}:
+        if candidate == package or package in candidate.parents:
+            return f"inside the package's source ({package})"
+        if candidate == home:
+            return "the home folder itself"
+        if str(candidate) in SYSTEM_FOLDERS or any(
+            candidate == Path(tree) or Path(tree) in candidate.parents for tree in SYSTEM_TREES
+        ):
+            return "a system folder"
+    return None
+
+
+def check_output(path, key: str, source: str | None = None) -> None:
+    """Refuse an output folder `unsafe_output` names, naming its key (or option) and preset."""
+    why = unsafe_output(path)
+    if why:
+        where = f"{source}: " if source else ""
+        raise ConfigError(f"{where}{key}: {path} is {why}: give the study a folder of its own")
 
 
 def existing_paths(config: dict) -> dict[str, str]:

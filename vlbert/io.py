@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -35,9 +37,27 @@ def write_bytes(path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
+def _finite(obj):
+    """`obj` with null for every NaN or infinity: a missing figure (a cell without runs, a spread of
+    one seed)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(value) for value in obj]
+    return obj
+
+
 def write_json(path, obj, indent: int | None = None) -> None:
+    """JSON as the standard has it: Python's default writes bare NaN and Infinity tokens, which
+    strict parsers (browsers, jq, other languages) refuse; those become null."""
     # sort_keys keeps the bytes stable for the same content.
-    write_text(path, json.dumps(obj, sort_keys=True, indent=indent) + "\n")
+    try:
+        text = json.dumps(obj, sort_keys=True, indent=indent, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(obj), sort_keys=True, indent=indent, allow_nan=False)
+    write_text(path, text + "\n")
 
 
 class FolderInUseError(RuntimeError):
@@ -52,6 +72,7 @@ def exclusive_folder(path: str | os.PathLike):
     from filelock import FileLock, Timeout
 
     path = Path(path)
+    made = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     lock, holder = FileLock(path / ".lock", timeout=0), path / ".lock.pid"
     try:
@@ -65,7 +86,20 @@ def exclusive_folder(path: str | os.PathLike):
         holder.write_text(f"{os.getpid()}\n")
         yield path
     finally:
+        # A run that stopped before writing anything (a bad preset, an unreachable store) leaves
+        # no folder it made: held from the start, it is made before any of that is known.
+        if made and {p.name for p in path.iterdir()} <= {".lock", ".lock.pid"}:
+            holder.unlink(missing_ok=True)
+            (path / ".lock").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # another run made its lock there meanwhile
+                path.rmdir()
         lock.release()
+
+
+def partial_dir(path) -> Path:
+    """Where `atomic_dir` builds the folder `path`."""
+    path = Path(path)
+    return path.with_name(path.name + ".partial")
 
 
 @contextmanager
@@ -75,7 +109,7 @@ def atomic_dir(path: str | os.PathLike):
     A folder that exists is complete; a crash leaves only `<name>.partial`, cleared on retry.
     """
     path = Path(path)
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_dir(path)
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,12 @@ PRESET_TAG = "preset"
 TRAIN_FRACTION_TAG = "train_fraction"  # a fine-tuning run on a share of its training set (absent: all of it)
 GIT_COMMIT_TAG = "git_commit"
 PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own: a sweep trial's sweep run, nested under it in the UI
-ENDED_TAG = "vlbert.ended"  # why a run was ended from outside (KILLED by `abandon`)
+ENDED_TAG = "vlbert.ended"  # why a run was ended from outside (KILLED by `abandon`, `end_dead_runs`)
 RESUMED_TAG = "vlbert.resumed_at_step"  # the step a resumed training went on from
+# The process that records a run (the last one, for a continued run): its host, its PID and when
+# it started (a PID the system gave to another process since is not the run's).
+HOST_TAG, PID_TAG, PROCESS_STARTED_TAG = "vlbert.host", "vlbert.pid", "vlbert.process_started"
+PROCESS_GONE = "its process (PID {pid} on {host}) is gone: killed before it could end its run"
 
 # Metrics: the training loop logs the loss per step and, at the end of each epoch, every validation
 # figure as val_<name> with `epoch` at the same step; fine-tuning logs the best epoch's figures as
@@ -174,6 +179,58 @@ def _flatten(params: dict, prefix: str = "") -> dict:
     return flat
 
 
+def process_tags() -> dict:
+    """The tags that name this process as the one recording a run (see `process_gone`)."""
+    import psutil
+
+    started = psutil.Process().create_time()
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PROCESS_STARTED_TAG: f"{started:.2f}"}
+
+
+def process_gone(tags: dict) -> str | None:
+    """Why the process that recorded a run is known to be gone, else None: only on its own host
+    (another host's processes cannot be seen from here), when its PID is dead, a zombie, or
+    another process's (one that started at another time)."""
+    import psutil
+
+    host, pid = tags.get(HOST_TAG), tags.get(PID_TAG)
+    if host != socket.gethostname() or not (pid or "").isdigit():
+        return None
+    try:
+        process = psutil.Process(int(pid))
+        started = float(tags.get(PROCESS_STARTED_TAG) or process.create_time())
+        alive = process.status() != psutil.STATUS_ZOMBIE and abs(process.create_time() - started) < 1
+    except psutil.NoSuchProcess:
+        alive = False
+    except (psutil.AccessDenied, ValueError):  # there, but not ours to look at: leave its run alone
+        alive = True
+    return None if alive else PROCESS_GONE.format(pid=pid, host=host)
+
+
+def end_dead_runs(uri: str, experiment: str) -> list[str]:
+    """Mark KILLED, saying why, the experiment's runs still RUNNING whose process is gone (a job
+    killed with SIGKILL never ends its run): they would stay RUNNING for ever, and the report could
+    not tell them from a live run. Returns their ids. A run continued later (a re-run resumes its
+    folder's training) is RUNNING again, its note removed."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    ended = []
+    for run in client.search_runs(
+        [found.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=50000
+    ):
+        why = process_gone(run.data.tags)
+        if why is not None:
+            client.set_tag(run.info.run_id, ENDED_TAG, why)
+            client.set_terminated(run.info.run_id, status="KILLED")
+            print(f"MLflow run {run.info.run_id} marked KILLED: {why}")
+            ended.append(run.info.run_id)
+    return ended
+
+
 class MLflowTracker:
     """A run in an MLflow store, created at the first record that needs it, not before: the
     training loop decides whether a resumed training continues its earlier run (`start`). Params
@@ -201,6 +258,7 @@ class MLflowTracker:
                 )
         except Exception as exc:  # the store's own errors vary by backend; all mean "unreachable"
             raise TrackingStoreError(f"MLflow tracking store {uri!r} cannot be reached: {exc}") from exc
+        end_dead_runs(uri, experiment)  # a study's next job ends the runs its killed jobs left
         tags = {GIT_COMMIT_TAG: git_commit(), **tags}
         if parent_run_id:
             tags[PARENT_RUN_TAG] = parent_run_id
@@ -226,8 +284,10 @@ class MLflowTracker:
             # checkpoint's identity says), the continuation adds the others. Tags say who
             # continues it: its commit, and the sweep run of a trial a re-run sweep continues.
             self.client.update_run(continue_run, status="RUNNING")
+            if ENDED_TAG in run.data.tags:  # ended while its process was gone: it goes on after all
+                self.client.delete_tag(continue_run, ENDED_TAG)
             self._run_id, self._kept = continue_run, set(run.data.params)
-            self._tags = self.run_tags | self._tags
+            self._tags = self.run_tags | process_tags() | self._tags
         else:
             if continue_run:
                 print(
@@ -235,7 +295,7 @@ class MLflowTracker:
                     f"of {self.uri}): recording into a new run"
                 )
             self._run_id = self.client.create_run(
-                self.experiment_id, run_name=self.run_name, tags=self.run_tags
+                self.experiment_id, run_name=self.run_name, tags=self.run_tags | process_tags()
             ).info.run_id
         self._log_params(self._params)
         self.set_tags(self._tags)
@@ -261,7 +321,12 @@ class MLflowTracker:
 
     def abandon(self, run_id: str, why: str) -> None:
         run = self._continuable(run_id)
-        if run is None or run.info.status not in ("RUNNING", "SCHEDULED"):
+        if run is None:
+            return
+        gone = run.data.tags.get(ENDED_TAG, "")
+        if run.info.status == "KILLED" and gone == process_gone(run.data.tags):
+            why = f"{gone}; {why}"  # `end_dead_runs` ended it: say too why it will never go on
+        elif run.info.status not in ("RUNNING", "SCHEDULED"):
             return
         self.client.set_tag(run_id, ENDED_TAG, why)
         self.client.set_terminated(run_id, status="KILLED")

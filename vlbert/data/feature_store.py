@@ -22,6 +22,10 @@ Attributes (on shards and index alike): dataset, split, mode (detected | gt), fe
 num_classes (C+1, the width of a region's class distribution), class_names, rule, detector,
 skipped, tuned_by (stores recomputed by a pre-trained, tuned Fast R-CNN), ...
 
+Each shard also records what extraction wrote, so that an altered or corrupted one is refused
+rather than read: a SHA-256 of each dataset and of each attribute (`content_sha256`) and the range
+of its features (`feature_range`). A reader that verifies (training's) checks them once per shard.
+
 Reading (`FeatureStore`) gives each image's arrays with the features as float32 and the class
 distribution dense, [rows, C+1] float32 (top-k: the kept classes renormalised to sum to one,
 the others zero). It opens shards as it needs them (at most `max_open_shards` at once) and reads an
@@ -32,7 +36,9 @@ own file handles.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -49,14 +55,65 @@ REGION_ARRAYS = ("boxes", "labels", "scores", "features", "box_ids")
 # What a reader gives for an image: those plus the dense class distribution.
 ARRAYS = (*REGION_ARRAYS, "probs")
 FEATURE_DTYPES = ("float16", "float32")
+# The identity of the detector weights a store's regions come from (`vlbert.detection.identity`).
+DETECTOR_ATTR = "detector_weights"
 # An index's record of what each shard was made from (the store's attributes, the detector's folder
 # among them): a check against shards made again, not the store's content.
 SHARD_FINGERPRINTS = "shard_fingerprints"
+# A shard's proof of its content: {dataset or "attr:<name>": SHA-256}, and its features' [min, max].
+CONTENT_CHECKSUM = "content_sha256"
+FEATURE_RANGE = "feature_range"
+_HASHED_ROWS = 2**16  # rows hashed at a time: a shard is verified without reading it whole at once
+
+
+class MissingImageError(DataFormatError, KeyError):
+    """A store lacks an image its data set has: bad input (the CLI's one line, exit 2), and a
+    KeyError to code that looks images up as in a mapping."""
+
+    __str__ = DataFormatError.__str__  # the message as it is, not KeyError's quoted repr
 
 
 def plain_attr(value):
     """An HDF5 attribute as a plain Python value: h5py gives numpy scalars and bytes back."""
     return value.decode() if isinstance(value, bytes) else value.item() if hasattr(value, "item") else value
+
+
+def _array_digest(array) -> str:
+    """SHA-256 of an array (in memory, or an HDF5 dataset read a block of rows at a time): its
+    dtype, shape and bytes; strings (the image keys) by their text."""
+    digest = hashlib.sha256(f"{array.dtype.str} {array.shape}".encode())
+    if array.dtype.kind == "O" or h5py.check_string_dtype(array.dtype) is not None:
+        digest.update("\0".join(k.decode() if isinstance(k, bytes) else str(k) for k in array[()]).encode())
+        return digest.hexdigest()
+    for start in range(0, max(len(array), 1) if array.ndim else 1, _HASHED_ROWS):
+        block = array[start : start + _HASHED_ROWS] if array.ndim else array[()]
+        digest.update(np.ascontiguousarray(block).tobytes())
+    return digest.hexdigest()
+
+
+def _attr_digest(value) -> str:
+    return hashlib.sha256(json.dumps(plain_attr(value), default=str).encode()).hexdigest()
+
+
+def content_digests(f: h5py.File, arrays: dict | None = None) -> dict:
+    """What `CONTENT_CHECKSUM` records of an open shard: each dataset's digest (from `arrays` where
+    they are already in memory) and each attribute's, but its own."""
+    arrays = arrays or {}
+    digests = {name: _array_digest(arrays.get(name, f[name])) for name in sorted(f.keys())}
+    digests.update({f"attr:{k}": _attr_digest(v) for k, v in sorted(f.attrs.items()) if k != CONTENT_CHECKSUM})
+    return digests
+
+
+def _value_range(array) -> tuple[float, float, int]:
+    """(min, max) of an array's finite values and how many are not finite, a block at a time."""
+    low, high, bad = math.inf, -math.inf, 0
+    for start in range(0, len(array), _HASHED_ROWS):
+        block = np.asarray(array[start : start + _HASHED_ROWS], np.float32)
+        finite = np.isfinite(block)
+        bad += int(block.size - finite.sum())
+        if finite.any():
+            low, high = min(low, float(block[finite].min())), max(high, float(block[finite].max()))
+    return low, high, bad
 
 
 def _set_attrs(f: h5py.File, attrs: dict) -> None:
@@ -141,6 +198,9 @@ def write_shard(
         f.attrs["skipped"] = json.dumps([list(s) for s in skipped])
         f.attrs["num_skipped"] = len(skipped)
         f.attrs["num_images"] = len(keys)
+        low, high, _ = _value_range(f["features"])
+        f.attrs[FEATURE_RANGE] = json.dumps([low, high] if high >= low else [])
+        f.attrs[CONTENT_CHECKSUM] = json.dumps(content_digests(f))
     return {"images": len(keys), "regions": int(counts.sum()), "skipped": len(skipped)}
 
 
@@ -155,7 +215,7 @@ def shard_summary(path) -> dict:
 
 
 # Attributes a shard has of its own, not the store's.
-_SHARD_ONLY = ("skipped", "num_skipped", "num_images", "shard_fingerprint")
+_SHARD_ONLY = ("skipped", "num_skipped", "num_images", "shard_fingerprint", CONTENT_CHECKSUM, FEATURE_RANGE)
 
 
 def write_index(out, shards: list[Path], attrs: dict | None = None) -> dict:
@@ -240,9 +300,10 @@ def store_bytes(path) -> int:
 
 class _Shard:
     """One shard file's arrays: an open HDF5 file read a row range at a time, or (preload) all
-    of it in memory."""
+    of it in memory. With `verify` (the attribute values the reader expects), the shard must hold
+    what extraction wrote (`check_content`) and those values."""
 
-    def __init__(self, path: Path, preload: bool):
+    def __init__(self, path: Path, preload: bool, verify: dict | None = None):
         self.path = path
         try:
             self._file = h5py.File(path, "r")
@@ -258,6 +319,8 @@ class _Shard:
             names = [*REGION_ARRAYS, *probs]
             self.data = {name: self._file[name][()] if preload else self._file[name] for name in names}
             self.top_k = "class_ids" in self._file
+            if verify is not None:
+                check_content(self._file, path, verify, self.data if preload else None)
         except OSError as exc:  # h5py reads lazily: a truncated file can open, then fail here
             self._file.close()
             raise _unreadable(path, exc) from None
@@ -291,6 +354,73 @@ class _Shard:
             self._file.close()
 
 
+# The shards this process has verified, each as `_verification` names it: a job checks a shard
+# once, however many readers open it (a task opens its stores for each split it scores).
+_VERIFIED: set[tuple] = set()
+
+
+def _verification(path: Path, expect: dict) -> tuple:
+    """A shard file as it is now (written again: another file) and what it was checked against."""
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, tuple(sorted(expect.items())))
+
+
+def check_content(f: h5py.File, path, expect: dict, arrays: dict | None = None) -> None:
+    """Refuse a shard that is not what extraction wrote: one without checksums, one whose datasets
+    or attributes differ from their checksums (naming them; the features with their range now and
+    then), or whose attributes are not the `expect`ed values (another detector's regions)."""
+    recorded = f.attrs.get(CONTENT_CHECKSUM)
+    if recorded is None:
+        raise DataFormatError(
+            path, "records no content checksum (written before shards had one): run `vlbert extract-rois` again"
+        )
+    recorded, found = json.loads(plain_attr(recorded)), content_digests(f, arrays)
+    differ = sorted(k for k in recorded.keys() | found.keys() if recorded.get(k) != found.get(k))
+    if differ:
+        parts = []
+        for key in differ:
+            if key == "features" and "features" in f:
+                low, high, bad = _value_range(f["features"])
+                written = json.loads(plain_attr(f.attrs.get(FEATURE_RANGE, "[]")))
+                parts.append(
+                    f"its features (now in [{low:.4g}, {high:.4g}]"
+                    + (f" with {bad} values that are not finite" if bad else "")
+                    + (f"; written in [{written[0]:.4g}, {written[1]:.4g}]" if written else "")
+                    + ")"
+                )
+            else:
+                parts.append(f"its attribute {key[5:]!r}" if key.startswith("attr:") else f"its {key}")
+        raise DataFormatError(
+            path,
+            f"{', '.join(parts)} differ from what extraction wrote (checksums): the shard was altered or is "
+            "corrupt; run `vlbert extract-rois` (or `vlbert tune-features`) again",
+        )
+    _check_attrs(path, {k: v for k, v in f.attrs.items()}, expect)
+
+
+def _check_attrs(path, attrs: dict, expect: dict) -> None:
+    def describe(values):
+        return ", ".join(f"{key} {value!r}" for key, value in values.items())
+
+    for key in expect:
+        if key not in attrs:
+            raise DataFormatError(
+                path,
+                f"no {key!r} attribute: not a store written by `vlbert extract-rois`"
+                f" (expected a store of {describe(expect)})",
+            )
+    found = {key: str(plain_attr(attrs[key])) for key in expect}
+    wanted = {key: str(value) for key, value in expect.items()}
+    if found.get(DETECTOR_ATTR, "") != wanted.get(DETECTOR_ATTR, ""):
+        raise DataFormatError(
+            path,
+            f"its regions come from the detector whose weights are {found[DETECTOR_ATTR]}, but the study's "
+            f"detector's are {wanted[DETECTOR_ATTR]}: extract the stores again with it (`vlbert extract-rois`)",
+        )
+    if found != wanted:
+        raise DataFormatError(path, f"a store of {describe(found)}, but {describe(expect)} is expected here")
+
+
 def dense_probs(class_ids: np.ndarray, class_probs: np.ndarray, num_classes: int) -> np.ndarray:
     """Top-k (ids, probabilities) -> [T, num_classes] float32, each row's kept mass renormalised to
     one (rows with none, e.g. the whole image's when it has no distribution, stay zero)."""
@@ -321,7 +451,9 @@ class FeatureStore:
     refused, not read as if it were the right one.
     """
 
-    def __init__(self, path, preload: bool = False, expect: dict | None = None, max_open_shards: int = 16):
+    def __init__(
+        self, path, preload: bool = False, expect: dict | None = None, max_open_shards: int = 16, verify: bool = False
+    ):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"feature store not found: {self.path} (run `vlbert extract-rois`)")
@@ -329,6 +461,8 @@ class FeatureStore:
         self._open: OrderedDict[int, _Shard] = OrderedDict()
         self._pid = os.getpid()
         self._shard_checks = None  # (fingerprint, rows) of each shard when indexed
+        self._expect = expect or {}
+        self._verify = verify  # each shard checked once in this process (check_content)
         try:
             with h5py.File(self.path, "r") as f:
                 self._read_index(f) if "shard" in f else self._read_single(f)
@@ -390,19 +524,7 @@ class FeatureStore:
                 raise DataFormatError(self.path, f"shard name {name!r} is not a plain file name")
 
     def _check(self, expect: dict) -> None:
-        def describe(values):
-            return ", ".join(f"{key} {value!r}" for key, value in values.items())
-
-        for key in expect:
-            if key not in self.attrs:
-                raise DataFormatError(
-                    self.path,
-                    f"no {key!r} attribute: not a store written by `vlbert extract-rois`"
-                    f" (expected a store of {describe(expect)})",
-                )
-        found = {key: str(plain_attr(self.attrs[key])) for key in expect}
-        if found != {key: str(value) for key, value in expect.items()}:
-            raise DataFormatError(self.path, f"a store of {describe(found)}, but {describe(expect)} is expected here")
+        _check_attrs(self.path, self.attrs, expect)
 
     def _shard(self, number: int) -> _Shard:
         if os.getpid() != self._pid:  # a forked DataLoader worker: its own handles, not the parent's
@@ -412,7 +534,11 @@ class FeatureStore:
             path = self._shard_paths[number]
             if not path.is_file():
                 raise DataFormatError(self.path, f"its shard {path} is missing (run `vlbert extract-rois` again)")
-            shard = self._open[number] = _Shard(path, self.preload)
+            key = _verification(path, self._expect) if self._verify else None
+            verify = key is not None and key not in _VERIFIED
+            shard = self._open[number] = _Shard(path, self.preload, self._expect if verify else None)
+            if verify:
+                _VERIFIED.add(key)
             if self._shard_checks is not None and (shard.fingerprint, shard.num_rows) != tuple(
                 self._shard_checks[number]
             ):
@@ -432,7 +558,10 @@ class FeatureStore:
         encoded = key.encode()
         j = int(np.searchsorted(self._sorted_keys, encoded))
         if j == len(self._sorted_keys) or self._sorted_keys[j] != encoded:
-            raise KeyError(f"{self.path}: no image {key!r}")
+            raise MissingImageError(
+                self.path,
+                f"no image {key!r}: the store was extracted from other images (run `vlbert extract-rois` again)",
+            )
         return int(self._order[j])
 
     @property

@@ -15,6 +15,7 @@ import torch
 
 from .. import io, tasks
 from ..config import finetune_epochs, finetune_options
+from ..detection.identity import study_detector
 from ..tasks.regions import feature_mean, with_other_images
 from ..tracking import (
     BEST_EPOCH_METRIC,
@@ -73,7 +74,7 @@ def finetune(  # noqa: PLR0913 - a run's identity: what it trains, how long, on 
     # A Fast R-CNN tuned in pre-training no longer matches the detector's features: such a setting
     # reads the stores its frozen copy made (`vlbert tune-features`), every other one the detector's.
     task = tasks.build(task_name, context.processor, inputs.data_root, inputs.features_dir, setting.family)
-    check_store_features(setting, task.store_paths(), pretrained)
+    check_store_features(setting, task.store_paths(), pretrained, study_detector(preset, inputs.detector_dir))
     train, val = task.examples("train"), task.examples("val")
     full_train = len(train)
     if train_fraction < 1:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .. import modeling
+from ..detection.identity import study_detector
 from ..registry import PRETRAINING_STORES
 from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator
 from ..tasks.regions import feature_mean, features_path, open_store
@@ -31,6 +32,7 @@ from .device import move_to
 from .loop import LoopConfig, LoopSteps, TrainingLoop, loading_options, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
+from .tuned_features import check_store_detector
 
 IGNORE = -100
 
@@ -125,6 +127,9 @@ def pretrain(context: TrainingContext, setting, out, max_steps: int | None = Non
     data_root, features_dir, out = Path(context.inputs.data_root), Path(context.inputs.features_dir), Path(out)
     max_rois = preset.get("model", {}).get("max_rois")
     train_store, val_store = PRETRAINING_STORES["train"], PRETRAINING_STORES["val"]
+    check_store_detector(
+        [features_path(features_dir, s) for s in (train_store, val_store)], study_detector(preset, detector_dir)
+    )
     captions = CaptionDataset(
         data_root / "conceptual_captions", train_store.split, open_store(features_dir, train_store), max_rois
     )

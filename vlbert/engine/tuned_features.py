@@ -18,7 +18,16 @@ import torch
 from tqdm import tqdm
 
 from ..data.errors import DataFormatError
-from ..data.feature_store import FeatureStore, plain_attr, shards_folder, write_index, write_shard
+from ..data.feature_store import (
+    CONTENT_CHECKSUM,
+    DETECTOR_ATTR,
+    FEATURE_RANGE,
+    FeatureStore,
+    plain_attr,
+    shards_folder,
+    write_index,
+    write_shard,
+)
 from ..data.images import load_image
 from ..detection.extract import SHARD_FINGERPRINT, shard_is_done
 from .checkpoint import file_identity
@@ -58,7 +67,7 @@ def tune_store(
     image_paths maps each image key of the store to its file.
     """
     source, out, pretrained = Path(source), Path(out), Path(pretrained)
-    store = FeatureStore(source)
+    store = FeatureStore(source, verify=True)
     keys = store.keys
     missing = [k for k in keys if k not in image_paths]
     if missing:
@@ -66,7 +75,7 @@ def tune_store(
     attrs = {
         k: plain_attr(v)
         for k, v in store.attrs.items()
-        if k not in ("skipped", "num_skipped", "num_images", SHARD_FINGERPRINT)
+        if k not in ("skipped", "num_skipped", "num_images", SHARD_FINGERPRINT, CONTENT_CHECKSUM, FEATURE_RANGE)
     }
     attrs[TUNED_BY], attrs[TUNED_BY_WEIGHTS] = str(pretrained.resolve()), weights_identity(pretrained)
     dtype = str(attrs.get("feature_dtype", "float32"))
@@ -114,12 +123,25 @@ def image_paths_for(config: dict, store_path) -> dict[str, Path]:
     return {item.key: item.path for item in items}
 
 
-def check_store_features(setting, store_paths, pretrained) -> None:
+def check_store_detector(store_paths, detector: str | None) -> None:
+    """Every store's regions must come from the study's detector (`detector`: the identity of its
+    weights, vlbert.detection.identity; None: not at hand, nothing to compare); a store of another
+    detector is refused, naming it. Tuned stores keep the regions, and the attribute, of theirs."""
+    if detector is None:
+        return
+    for path in store_paths:
+        with FeatureStore(path, expect={DETECTOR_ATTR: detector}):
+            pass
+
+
+def check_store_features(setting, store_paths, pretrained, detector: str | None = None) -> None:
     """Fine-tuning keeps Fast R-CNN frozen and reads the stores' features as they are, so they must
     be those of the Fast R-CNN the run starts from: the detector's for a setting that never tuned
     it; for one that tuned it in pre-training (`full`), those `vlbert tune-features` made from this
     very checkpoint (the same weights). Any other store would feed the model features it never
-    saw, without a word: it is refused, naming both Fast R-CNNs."""
+    saw, without a word: it is refused, naming both Fast R-CNNs. Every setting's stores must hold
+    the regions of the study's `detector` (check_store_detector)."""
+    check_store_detector(store_paths, detector)
     wanted = Path(pretrained).resolve() if setting.tune_frcnn else None
     wanted_weights = weights_identity(wanted) if wanted is not None else None  # hashed once, not per store
     for path in store_paths:

@@ -16,6 +16,7 @@ from pathlib import Path
 from .. import tasks
 from ..config import finetune_options
 from ..data.errors import DataFormatError, read_text, require_file, require_same_ids
+from ..detection.identity import study_detector
 from ..evaluation.vcr_eval import (
     CHOICES,
     leaderboard_predictions,
@@ -89,7 +90,12 @@ def write_vcr_submission(context: TrainingContext, q2a_run, qa2r_run, split: str
     q2a, qa2r = run_metrics(q2a_run, "vcr_q2a"), run_metrics(qa2r_run, "vcr_qa2r")
     chosen = setting_named(qa2r["setting"])
     task = tasks.build("vcr_qa2r", context.processor, inputs.data_root, inputs.features_dir)
-    check_store_features(chosen, [features_path(inputs.features_dir, task.spec.stores[split])], inputs.pretrained)
+    check_store_features(
+        chosen,
+        [features_path(inputs.features_dir, task.spec.stores[split])],
+        inputs.pretrained,
+        study_detector(context.preset, inputs.detector_dir),
+    )
     examples = read_vcr(task.jsonl_path(split))
     annot_ids = [e.annot_id for e in examples]
     answer_probs = answer_probs_of_run(q2a_run, split, annot_ids)

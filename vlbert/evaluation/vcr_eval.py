@@ -14,6 +14,8 @@ counts a question for Q->AR when both are right.
 from __future__ import annotations
 
 import csv
+import json
+import math
 from io import StringIO
 from pathlib import Path
 
@@ -27,13 +29,24 @@ LEADERBOARD_COLUMNS = (
 )
 
 
-def _choice(prediction: dict, key: str):
-    """A prediction gives a choice index (`answer`) or four scores (`answer_probs`)."""
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _choice(prediction: dict, key: str, source=None):
+    """A prediction gives a choice index (`answer`) or four scores (`answer_probs`); anything else
+    (a null, a string, three scores) is refused naming the question."""
+    where = f"annot_id {prediction.get('annot_id')!r}"
     if key in prediction:
-        return int(prediction[key])
+        value = prediction[key]
+        if not (_number(value) and value == int(value) and 0 <= value < CHOICES):
+            _refuse(f"{where}: {key} is {json.dumps(value)}, not a choice 0..{CHOICES - 1}", source)
+        return int(value)
     scores = prediction.get(f"{key}_probs")
     if scores is None:
         return None
+    if not (isinstance(scores, list) and len(scores) == CHOICES and all(map(_number, scores))):
+        _refuse(f"{where}: {key}_probs is {json.dumps(scores)}, not {CHOICES} numbers", source)
     return max(range(len(scores)), key=lambda i: scores[i])
 
 
@@ -51,7 +64,7 @@ def vcr_choices(labels: dict, predictions: dict[str, dict], source=None) -> dict
     require_same_ids(labels, predictions, "annot_id", source)
     chosen = {}
     for key in ("answer", "rationale"):
-        choices = {a: _choice(predictions[a], key) for a in labels}
+        choices = {a: _choice(predictions[a], key, source) for a in labels}
         without = [a for a, c in choices.items() if c is None]
         if len(without) == len(labels):
             continue

@@ -4,6 +4,7 @@ parses). Each returns the process's exit status; heavy imports wait until a verb
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -14,11 +15,13 @@ from ..tracking import LR_TAG, SEED_TAG, SETTING_TAG, STAGE_TAG, TASK_TAG, TRAIN
 
 def make_data(args) -> int:
     """Write the embedded default's data sets (deterministic from the preset's seed)."""
-    from ..config import load_config, synthetic_spec
+    from ..config import check_output, load_config, synthetic_spec
     from ..data.synthetic import make_world
     from ..registry import DATASETS
 
     config = load_config(args.config)
+    if args.out:
+        check_output(args.out, "--out")
     out = Path(args.out or config["data"]["root"])
     written = make_world(
         synthetic_spec(config), out, datasets=args.only or DATASETS, force=args.force, progress=not args.quiet
@@ -84,8 +87,8 @@ def extract_rois(args) -> int:
     from ..config import dataset_root, load_config
     from ..detection.backends import build_backend
     from ..detection.extract import Chunk, StoreFormat, chunk_manifest, extract_chunk, extract_to_store
+    from ..detection.identity import DETECTOR_ATTR, detector_weights, weights_identity
     from ..detection.sources import image_items
-    from ..engine.checkpoint import file_identity
 
     config = load_config(args.config, check_paths_exist=True)
     if args.data:
@@ -101,8 +104,7 @@ def extract_rois(args) -> int:
         "preset": config["name"],
         "rule": json.dumps(backend.rule.__dict__),
         "detector": str(Path(args.detector).resolve()) if args.detector else config["detector"]["backend"],
-        # The weights, not the folder: a detector trained again into the same folder is another one.
-        "detector_weights": json.dumps(file_identity(detector_weights(config, args.detector))),
+        DETECTOR_ATTR: weights_identity(detector_weights(config, args.detector)),
     }
     options = dict(
         batch_size=args.batch_size,
@@ -126,15 +128,6 @@ def extract_rois(args) -> int:
         )
     )
     return 0
-
-
-def detector_weights(config: dict, detector_dir) -> Path:
-    """The weights file extraction runs: detectron2's, else the trained detector's."""
-    if config["detector"].get("backend") == "detectron2":
-        return Path(config["detector"]["detectron2"]["weights"])
-    from ..detection.model import WEIGHTS_FILE
-
-    return Path(detector_dir) / WEIGHTS_FILE
 
 
 def index_store(args) -> int:
@@ -227,21 +220,24 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True, settin
     return TrainingContext(config, inputs, processor, tracker, device, progress=not getattr(args, "quiet", False))
 
 
-def _run_tracked(tracker, out: Path, work):
-    """Run `work`, holding its output folder; log the folder's metrics.json and best checkpoint;
-    close the run."""
+def _holding(out: Path):
+    """Hold a training run's output folder from its first step, before any set-up (the preset,
+    the tokenizer, the MLflow run, the model): a second run into the folder stops at once instead
+    of after minutes of set-up on a loaded machine. Under torchrun the processes of one run share
+    the folder: rank 0 holds it (torchrun's RANK, known before the process group is joined)."""
+    import os
     from contextlib import nullcontext
 
-    from ..engine.distributed import is_main_process
-    from ..io import FolderInUseError, exclusive_folder
+    from ..io import exclusive_folder
 
+    return exclusive_folder(out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
+
+
+def _run_tracked(tracker, out: Path, work):
+    """Run `work` (its caller holds `out`: `_holding`); log the folder's metrics.json and best
+    checkpoint; close the run."""
     try:
-        # Under torchrun the processes of one run share the folder: the first one holds it.
-        with exclusive_folder(out) if is_main_process() else nullcontext():
-            result = work()
-    except FolderInUseError:
-        tracker.close("KILLED")
-        raise
+        result = work()
     except BaseException:
         tracker.close("FAILED")
         raise
@@ -258,23 +254,25 @@ def bert_init(args) -> int:
     from ..engine.bert_init import bert_init as pretrain_bert
     from ..io import write_json
 
-    context = _training_context(args, "bert_init", {})
-    config = context.preset
-    if "bert_init" not in config:
-        raise ValueError(
-            f"{args.config}: bert_init: missing required key (the paper preset names a BERT "
-            "checkpoint in model.bert instead)"
-        )
     out = Path(args.out)
+    with _holding(out):
+        context = _training_context(args, "bert_init", {})
+        config = context.preset
+        if "bert_init" not in config:
+            context.tracker.close("FAILED")
+            raise ValueError(
+                f"{args.config}: bert_init: missing required key (the paper preset names a BERT "
+                "checkpoint in model.bert instead)"
+            )
 
-    def work():
-        summary = pretrain_bert(
-            config, config["data"]["root"], out, context.tracker, context.processor, progress=context.progress
-        )
-        write_json(out / "metrics.json", summary, indent=2)
-        return summary
+        def work():
+            summary = pretrain_bert(
+                config, config["data"]["root"], out, context.tracker, context.processor, progress=context.progress
+            )
+            write_json(out / "metrics.json", summary, indent=2)
+            return summary
 
-    _run_tracked(context.tracker, out, work)
+        _run_tracked(context.tracker, out, work)
     print(f"bert-init: {out / 'bert'}")
     return 0
 
@@ -287,15 +285,16 @@ def pretrain(args) -> int:
     from ..registry import setting
 
     chosen = setting(args.setting)
-    context = _training_context(args, "pretrain", {SETTING_TAG: chosen.name})
     out = Path(args.out)
+    with _holding(out):
+        context = _training_context(args, "pretrain", {SETTING_TAG: chosen.name})
 
-    def work():
-        summary = pretrain_setting(context, chosen, out)
-        write_json(out / "metrics.json", summary, indent=2)
-        return summary
+        def work():
+            summary = pretrain_setting(context, chosen, out)
+            write_json(out / "metrics.json", summary, indent=2)
+            return summary
 
-    summary = _run_tracked(context.tracker, out, work)
+        summary = _run_tracked(context.tracker, out, work)
     print(f"pretrain {chosen.name}: {summary.get('val', {})} -> {out / 'best'}")
     return 0
 
@@ -325,17 +324,20 @@ def finetune(args) -> int:
         tags = {SETTING_TAG: chosen.name, TASK_TAG: task, SEED_TAG: seed, LR_TAG: lrs[task]}
         if args.train_fraction < 1:
             tags[TRAIN_FRACTION_TAG] = args.train_fraction
-        context = _training_context(args, "finetune", tags, setting=chosen)
-        if args.continue_trial:
-            trial = continue_trial(Path(args.lr_from) / task, seed, out)
-            if trial is not None:
-                context.tracker.log_params({"continued_from_trial": str(trial)})
-                print(f"finetune {chosen.name}/{task} seed {seed}: continuing the sweep's trial {trial}")
-        metrics = _run_tracked(
-            context.tracker,
-            out,
-            lambda: finetune_setting(context, chosen, task, lrs[task], seed, out, train_fraction=args.train_fraction),
-        )
+        with _holding(out):
+            context = _training_context(args, "finetune", tags, setting=chosen)
+
+            def work(context=context, task=task, seed=seed, out=out):
+                if args.continue_trial:
+                    trial = continue_trial(Path(args.lr_from) / task, seed, out)
+                    if trial is not None:
+                        context.tracker.log_params({"continued_from_trial": str(trial)})
+                        print(f"finetune {chosen.name}/{task} seed {seed}: continuing the sweep's trial {trial}")
+                return finetune_setting(
+                    context, chosen, task, lrs[task], seed, out, train_fraction=args.train_fraction
+                )
+
+            metrics = _run_tracked(context.tracker, out, work)
         if metrics:
             print(
                 f"finetune {chosen.name}/{task} seed {seed}: val {metrics['val']['accuracy']:.2f} "
@@ -426,12 +428,13 @@ def report(args) -> int:
     runs.csv."""
     from ..config import dataset_root, load_config
     from ..registry import TASKS
-    from ..tracking import default_tracking_uri, experiment_name
+    from ..tracking import default_tracking_uri, end_dead_runs, experiment_name
     from .report import write_report
 
     config = load_config(args.config)
     uri = args.tracking_uri or default_tracking_uri(config)
     experiment = experiment_name(config)
+    end_dead_runs(uri, experiment)  # a killed job's run is shown as killed, not as one still going
     layout = Layout(config["name"])
     sweeps = sorted(Path(args.sweeps or layout.sweeps).glob("*/*/best.json"))
     (vcr_split,) = TASKS["vcr_q2a"].splits[TASKS["vcr_q2a"].table4_split]
@@ -472,7 +475,7 @@ def evaluate_vqa(args) -> int:
     questions = load_json(args.questions, "VQA questions")["questions"]
     asked = {q["question_id"] for q in questions}
     annotations = {q: a for q, a in annotations.items() if q in asked}
-    predictions = _predictions(args.predictions, "question_id", "answer")
+    predictions = _predictions(args.predictions, "question_id", "answer", _is_answer, "a string")
     result = vqa_accuracy(annotations, predictions, source=args.predictions)
     print(
         f"VQA accuracy: {result['overall']:.2f}  "
@@ -519,7 +522,7 @@ def evaluate_refcoco(args) -> int:
     expressions = [
         e for split in SPLITS if any(r["split"] == split for r in dataset.refs) for e in dataset.expressions(split)
     ]
-    predictions = _predictions(args.predictions, "sent_id", "bbox")
+    predictions = _predictions(args.predictions, "sent_id", "bbox", _is_box, "[x, y, w, h] numbers")
     result = refcoco_accuracy(expressions, predictions, iou_convention=args.iou_convention, source=args.predictions)
     print(
         f"RefCOCO+ accuracy (IoU >= 0.5, {args.iou_convention}): "
@@ -567,12 +570,28 @@ def _records(path, key: str) -> list[dict]:
     return records
 
 
-def _predictions(path, key: str, value: str) -> dict:
+def _is_answer(value) -> bool:
+    return isinstance(value, str)
+
+
+def _is_box(value) -> bool:
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(value, list) and len(value) == 4 and all(map(number, value))
+
+
+def _predictions(path, key: str, value: str, valid, expected: str) -> dict:
+    """{record[key]: record[value]} of a predictions file, each value checked by `valid` (what it
+    should be: `expected`), so that a null or a number is refused naming its record, not met as
+    a traceback in the metric's code."""
     from ..data.errors import DataFormatError
 
     out = {}
     for k, record in enumerate(_records(path, key)):
         if value not in record:
             raise DataFormatError(path, f"missing key {value!r}", key=f"[{k}].{value}")
+        if not valid(record[value]):
+            raise DataFormatError(
+                path, f"the {value} is {json.dumps(record[value])}, not {expected}", key=f"[{k}].{value}"
+            )
         out[record[key]] = record[value]
     return out

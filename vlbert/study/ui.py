@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..tracking import TrackingStoreError, default_tracking_uri, experiment_name, find_experiment_id
+from ..tracking import TrackingStoreError, default_tracking_uri, end_dead_runs, experiment_name, find_experiment_id
 
 SERVED_STORES = ("sqlite:", "file:", "postgresql", "mysql", "mssql")
 
@@ -41,6 +41,7 @@ def serve(config: dict, host: str = "127.0.0.1", port: int = 5000, tracking_uri:
     """Print the runs table's address, then become `mlflow ui` (a server store: only print it)."""
     uri = tracking_uri or default_tracking_uri(config)
     experiment_id = find_experiment(uri, experiment_name(config))
+    end_dead_runs(uri, experiment_name(config))  # the UI shows a killed job's run KILLED, not RUNNING
     if uri.startswith(("http://", "https://")):
         print(f"the study's runs: {runs_table_url(uri, experiment_id)}", flush=True)
         return 0

@@ -36,12 +36,13 @@ PRELOAD_MAX_BYTES = 2 * 2**30
 def open_store(features_dir, store: Store) -> FeatureStore:
     """That store (preloaded if small); one of another data set, split or kind of boxes under its
     name is refused (the image keys of two data sets can match, and the features would be read
-    silently)."""
+    silently), and so is a shard that is not what extraction wrote (checked once per shard)."""
     path = features_path(features_dir, store)
     return FeatureStore(
         path,
         preload=store_bytes(path) <= PRELOAD_MAX_BYTES,
         expect={"dataset": store.dataset, "split": store.split, "mode": BOX_MODES[store.boxes]},
+        verify=True,
     )
 
 

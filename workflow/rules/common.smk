@@ -4,10 +4,17 @@ import os
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from vlbert.config import data_fractions, study_seeds, study_settings
+from vlbert.config import ConfigError, data_fractions, study_seeds, study_settings
+from vlbert.config import validate as validate_preset
 from vlbert.layout import Layout
 from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TABLE4_TASKS, TASKS
 
+# The package's validation first: it names the key in the preset's terms and checks what a schema
+# cannot (NaN and infinities pass its bounds).
+try:
+    validate_preset(config, workflow.configfiles[0] if workflow.configfiles else "<config>")
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
 validate(config, schema="../schemas/config.schema.yaml")
 
 PRESET = config["name"]

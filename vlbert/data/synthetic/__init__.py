@@ -3,7 +3,8 @@
 `make_world(spec, out)` writes, under `out`, one folder per data set, each laid out and named as
 the real one is, so that the real readers (vlbert.data) read it. Deterministic from the seed:
 the same spec gives byte-identical files. Each data set folder is built under a `.partial` name
-and renamed when complete, so an interrupted run is simply run again.
+and renamed when complete, so an interrupted run is simply run again. A folder is replaced only
+when it holds nothing but what make-data wrote there (ownership.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ...registry import DATASETS, TASKS
 from ..vqa import UNKNOWN_ANSWER, complementary_pairs_name
 from . import captions, corpus, refcoco, vcr, vqa
 from .language import tokenize
+from .ownership import check_replaceable, write_manifest
 from .world import (
     COLOURS,
     SHAPES,
@@ -355,15 +357,22 @@ def make_world(
     `spec` is the preset's `data.synthetic` section plus `seed`. Returns the names written.
     """
     out = Path(out)
-    written = []
+    stale = {}
     for name in datasets:
         # What this data set is made from: a change elsewhere in the spec leaves it alone.
         stamp = json.dumps({k: spec[k] for k in ("seed", "image_size", name)}, sort_keys=True)
         done = out / name / SPEC_STAMP
-        if done.exists() and done.read_text() == stamp and not force:
-            continue
+        if not (done.exists() and done.read_text() == stamp and not force):
+            stale[name] = stamp
+    # Every folder that writing removes, checked before anything is written.
+    for name in stale:
+        for folder in (out / name, io.partial_dir(out / name)):
+            check_replaceable(folder, SPEC_STAMP)
+    for name, stamp in stale.items():
         with io.atomic_dir(out / name) as partial:
-            WRITERS[name]({**spec, "progress": progress}, partial)
+            # The stamp first: a `.partial` folder an interruption leaves is then known as ours.
             (partial / SPEC_STAMP).write_text(stamp)
-        written.append(name)
-    return written
+            WRITERS[name]({**spec, "progress": progress}, partial)
+            write_manifest(partial)
+            (partial / SPEC_STAMP).touch()  # the workflow's output: newer than what it stands for
+    return list(stale)

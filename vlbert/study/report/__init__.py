@@ -23,6 +23,8 @@ from .read import (
     collect_runs,
     derive_q2ar,
     derive_vcr_kinds,
+    killed_notes,
+    killed_without_results,
     latest_pretraining,
     latest_results,
     paper_numbers,
@@ -87,6 +89,9 @@ def write_report(
     every_finetune, finetune_notes = latest_results(runs, "finetune")
     # Runs on a share of a training set (data_fractions.md) stay out of every other table.
     finetunes = every_finetune[every_finetune["train_fraction"] == 1]
+    killed = killed_without_results(runs, "finetune")
+    killed = killed[killed["train_fraction"] == 1]
+    finetune_notes += killed_notes(killed)
     pretrain_notes = latest_results(runs, "pretrain")[1]
     derived, by_kind = pd.DataFrame(), None
     if vcr_val and {"vcr_q2a", "vcr_qa2r"} <= set(finetunes["task"]):
@@ -95,7 +100,7 @@ def write_report(
         derived = derive_q2ar(finetunes, predictions, labels)
         kinds = vcr_question_kinds(vcr_val)
         by_kind = derive_vcr_kinds(finetunes, predictions, labels, kinds) if kinds else None
-    table = table4(finetunes)
+    table = table4(finetunes, zip(killed["setting"], killed["task"]))
     write_tables(table, paper, out, finetune_notes)
     floors = json.loads(Path(floors_path).read_text()) if floors_path and Path(floors_path).is_file() else {}
     write_controls(controls(table, floors), floors, out)

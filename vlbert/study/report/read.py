@@ -131,6 +131,26 @@ def latest_results(runs: pd.DataFrame, stage: str) -> tuple[pd.DataFrame, list[s
     return chosen, notes
 
 
+def killed_without_results(runs: pd.DataFrame, stage: str) -> pd.DataFrame:
+    """The newest run of each (setting, task, seed) that was killed before it had results, where no
+    run of that place has any: a figure that is missing because its run was killed, not because it
+    never ran."""
+    keys = ["setting", "task", "seed", "train_fraction"]
+    staged = runs[runs["stage"] == stage]
+    done = {_what(run) for _, run in staged[staged[RESULT_COLUMNS[stage]].notna().any(axis=1)].iterrows()}
+    newest = staged.drop_duplicates(keys)  # search_runs: newest first
+    unfinished = pd.Series([_what(run) not in done for _, run in newest.iterrows()], index=newest.index, dtype=bool)
+    return newest[(newest["status"] == "KILLED") & unfinished]
+
+
+def killed_notes(killed: pd.DataFrame) -> list[str]:
+    return [
+        f"{_what(run)}: run {run['run_id']} was killed before it had results"
+        + (f" ({run['ended']})" if isinstance(run.get("ended"), str) else "")
+        for _, run in killed.iterrows()
+    ]
+
+
 def latest_pretraining(runs: pd.DataFrame) -> pd.DataFrame:
     """The latest pre-training run with results of each setting, in the study's order."""
     done = latest_results(runs, "pretrain")[0].set_index("setting")

@@ -12,16 +12,17 @@ import pandas as pd
 from ... import io
 from ...registry import FAMILIES, SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
 from .read import GROUNDING_KINDS, PRETRAINING_METRICS, latest_pretraining
-from .statistics import MISSING
+from .statistics import KILLED, MISSING
 
 # ---- Table 4 and the findings ----------------------------------------------------------------
 
 
-def _cell(mean, std, n, seeds: int = 0) -> str:
-    """mean ± std over seeds; a cell without runs is MISSING, one with a single seed says n=1
-    (it has no spread, not a spread of 0), one with fewer seeds than the others says how many."""
+def _cell(mean, std, n, seeds: int = 0, killed: bool = False) -> str:
+    """mean ± std over seeds; a cell without runs is MISSING (KILLED when its runs were killed
+    before they had results), one with a single seed says n=1 (it has no spread, not a spread of
+    0), one with fewer seeds than the others says how many."""
     if pd.isna(mean) or not n:
-        return MISSING
+        return KILLED if killed else MISSING
     if n == 1:
         return f"{mean:.1f} (n=1)"
     return f"{mean:.1f} ± {std:.1f}" + (f" (n={int(n)})" if n < seeds else "")
@@ -30,7 +31,13 @@ def _cell(mean, std, n, seeds: int = 0) -> str:
 def _cells(table: pd.DataFrame, setting: str) -> list[str]:
     seeds = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
     return [
-        _cell(table.loc[setting, f"{t}_mean"], table.loc[setting, f"{t}_std"], table.loc[setting, f"{t}_n"], seeds)
+        _cell(
+            table.loc[setting, f"{t}_mean"],
+            table.loc[setting, f"{t}_std"],
+            table.loc[setting, f"{t}_n"],
+            seeds,
+            bool(table.loc[setting].get(f"{t}_killed", False)),
+        )
         for t in TABLE4_TASKS
     ]
 
@@ -61,6 +68,8 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
     shown = " ".join(" ".join(_cells(table, s)) for s in TABLE4_SETTINGS)
     if MISSING in shown:
         note += f" {MISSING} no run with results for this setting and task."
+    if KILLED in shown:
+        note += f" {KILLED}: its runs were killed before they had results (the notes below name them)."
     if "(n=" in shown:
         note += " (n=k): only k seeds, (n=1) a single one, which has no spread."
     if marker:

@@ -17,8 +17,10 @@ FINDING_TEXT = {
     "tune_frcnn_helps": "tuning Fast R-CNN helps (full vs d)",
 }
 
-# A cell without runs, as the tables show it and the warnings name it.
+# A cell without runs, as the tables show it and the warnings name it; one whose runs were all
+# killed before they had results.
 MISSING = "—"
+KILLED = "killed"
 
 
 # The controls beside each cell, means over the seeds' runs of the reported split's figures.
@@ -38,10 +40,12 @@ def accuracy_se(accuracy: float, n: float) -> float:
     return 100 * math.sqrt(max(p * (1 - p), 0.0) / n)
 
 
-def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
+def table4(finetunes: pd.DataFrame, killed=()) -> pd.DataFrame:
     """Rows: every setting (Table 4's and the other systems'); per task: mean, std and n over
     seeds of the Table 4 metric, the standard error of one run's figure on the reported split
-    (its items, not its seeds: every seed is scored on the same items), and the controls' means."""
+    (its items, not its seeds: every seed is scored on the same items), the controls' means, and
+    whether a run of it was killed before it had results (`killed`: those (setting, task) pairs)."""
+    killed = set(killed)
     records = []
     for setting in SETTINGS:
         row = {"setting": setting}
@@ -57,6 +61,7 @@ def table4(finetunes: pd.DataFrame) -> pd.DataFrame:
             for name, column in CONTROL_COLUMNS.items():
                 control = runs[f"{split}_{column}"].dropna() if f"{split}_{column}" in runs else []
                 row[f"{task}_{name}"] = control.mean() if len(control) else math.nan
+            row[f"{task}_killed"] = (setting, task) in killed
         records.append(row)
     return pd.DataFrame(records).set_index("setting")
 
@@ -69,8 +74,12 @@ def table_warnings(table: pd.DataFrame) -> list[str]:
     missing = [
         f"{s} / {t}" for s in TABLE4_SETTINGS if s not in empty for t in TABLE4_TASKS if table.loc[s, f"{t}_n"] == 0
     ]
+    killed = [p for p in missing if table.loc[p.split(" / ")[0], f"{p.split(' / ')[1]}_killed"]]
+    missing = [p for p in missing if p not in killed]
     if missing:
         warnings.append(f"no run with results for {', '.join(missing)}: {MISSING} in Table 4")
+    if killed:
+        warnings.append(f"runs killed before they had results for {', '.join(killed)}: {KILLED} in Table 4")
     single = [f"{s} / {t}" for s in TABLE4_SETTINGS for t in TABLE4_TASKS if table.loc[s, f"{t}_n"] == 1]
     if single and len(single) == counts.astype(bool).to_numpy().sum():
         warnings.append("every cell of Table 4 rests on a single seed: no seed spread (n=1)")
