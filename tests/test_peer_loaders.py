@@ -124,7 +124,7 @@ def test_vcr_reads_as_r2c_and_vlbert_read_it(smoke_world, split):
 
 
 def test_vcr_project_reader_names_a_tag_as_r2c_does(smoke_world):
-    from vlbert.tasks.vcr import GENDER_NEUTRAL_NAMES, tag_name
+    from vlbert.data.vcr import GENDER_NEUTRAL_NAMES, tag_name
 
     root = smoke_world / "vcr"
     assert read_object_names(root) == {}  # the real VCR's layout: no map of names

@@ -110,8 +110,7 @@ def test_refcoco_expressions_are_appearance_only_and_unique(smoke_world):
 
 def test_vcr_tags_are_people_read_as_neutral_names(smoke_world):
     """Every object is written as a person, so a tag says nothing of its object's shape."""
-    from vlbert.data.vcr import read_metadata, read_vcr
-    from vlbert.tasks.vcr import GENDER_NEUTRAL_NAMES, vcr_text
+    from vlbert.data.vcr import GENDER_NEUTRAL_NAMES, read_metadata, read_vcr, vcr_text
 
     examples = read_vcr(smoke_world / "vcr/train.jsonl")
     assert Counter(e.answer_label for e in examples).keys() == {0, 1, 2, 3}

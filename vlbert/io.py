@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -121,3 +122,26 @@ def atomic_dir(path: str | os.PathLike):
     if path.exists():
         shutil.rmtree(path)
     os.replace(partial, path)
+
+
+# A run's inputs are known by their content: checkpoints resume only runs made from the same files,
+# and feature stores name the detector weights they came from.
+HASHED_UP_TO = 64 * 2**20  # larger files are known by size and modification time
+
+
+def file_identity(path) -> dict | str | None:
+    """What a file (or folder of files) is: a SHA-256 of its bytes, or, past HASHED_UP_TO, its
+    size and modification time. None for a path that does not exist."""
+    path = Path(path)
+    if path.is_dir():
+        return {str(f.relative_to(path)): file_identity(f) for f in sorted(path.rglob("*")) if f.is_file()}
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    if stat.st_size > HASHED_UP_TO:
+        return f"size {stat.st_size}, mtime_ns {stat.st_mtime_ns}"
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return f"sha256 {digest.hexdigest()}"

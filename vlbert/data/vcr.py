@@ -158,3 +158,29 @@ def read_metadata(path, object_names: dict[str, str] | None = None) -> VCRMetada
             raise DataFormatError(path, "a box is x1, y1, x2, y2, score", key=f"boxes[{b}]")
     names = _own_names(data["names"], object_names or {}, path, None, "names")
     return VCRMetadata(data["boxes"], names, int(data["width"]), int(data["height"]))
+
+
+# Copied from r2c's dataloaders/vcr.py (VL-BERT's VCR reader keeps the same list): a person's tag
+# is read as one of these names, by its object's index, so that a tag says nothing of its object.
+GENDER_NEUTRAL_NAMES = [
+    "Casey", "Riley", "Jessie", "Jackie", "Avery", "Jaime", "Peyton", "Kerry",
+    "Jody", "Kendall", "Peyton", "Skyler", "Frankie", "Pat", "Quinn",
+]  # fmt: skip
+
+
+def tag_name(objects: list[str], index: int) -> str:
+    """The word a tag of object `index` is read as: its category, or a neutral name for a person."""
+    name = objects[index]
+    return GENDER_NEUTRAL_NAMES[index % len(GENDER_NEUTRAL_NAMES)] if name == "person" else name
+
+
+def vcr_text(tokens: list, objects: list[str]) -> str:
+    """VCR tokens as the text a model reads: an object reference [i, j] becomes 'name_i and
+    name_j' (tag_name)."""
+    words = []
+    for token in tokens:
+        if isinstance(token, str):
+            words.append(token)
+        else:
+            words.append(" and ".join(tag_name(objects, index) for index in token))
+    return " ".join(words)

@@ -24,7 +24,7 @@ def detector_weights(config: dict, detector_dir) -> Path:
 def weights_identity(path) -> str:
     """The attribute's value for a weights file: its SHA-256 (size and time past 64 MiB), as JSON.
     The weights, not the folder: a detector trained again into the same folder is another one."""
-    from ..engine.checkpoint import file_identity
+    from ..io import file_identity
 
     return json.dumps(file_identity(path))
 

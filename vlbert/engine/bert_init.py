@@ -42,9 +42,8 @@ def world_texts(data_root) -> list[str]:
     """The world's language: the text corpus, and the training splits' captions, questions,
     answers, rationales and referring expressions (no val or test text, no labels)."""
     from ..data.refcoco import RefCOCO
-    from ..data.vcr import read_vcr
+    from ..data.vcr import read_vcr, vcr_text
     from ..data.vqa import read_vqa
-    from ..tasks.vcr import vcr_text
 
     corpus, captions, questions, vcr, refs, _ = world_text_files(data_root)
     texts = read_corpus(corpus)

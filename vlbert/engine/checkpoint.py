@@ -11,7 +11,6 @@ on and the identities of its input files. A run resumes only a checkpoint of its
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,28 +19,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..io import file_identity
+
 STATE_FILE = "state.json"
 STATE_TENSORS = "state.safetensors"
 IDENTITY_FILE = "identity.json"
-HASHED_UP_TO = 64 * 2**20  # larger files are known by size and modification time
-
-
-def file_identity(path) -> dict | str | None:
-    """What a run's input file (or folder of files) is: a SHA-256 of its bytes, or, past
-    HASHED_UP_TO, its size and modification time. None for a path that does not exist."""
-    path = Path(path)
-    if path.is_dir():
-        return {str(f.relative_to(path)): file_identity(f) for f in sorted(path.rglob("*")) if f.is_file()}
-    if not path.is_file():
-        return None
-    stat = path.stat()
-    if stat.st_size > HASHED_UP_TO:
-        return f"size {stat.st_size}, mtime_ns {stat.st_mtime_ns}"
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            digest.update(block)
-    return f"sha256 {digest.hexdigest()}"
 
 
 def input_identity(source) -> dict | str | None:

@@ -30,7 +30,7 @@ from ..data.feature_store import (
 )
 from ..data.images import load_image
 from ..detection.extract import SHARD_FINGERPRINT, shard_is_done
-from .checkpoint import file_identity
+from ..io import file_identity
 
 TUNED_BY = "tuned_by"  # store attribute: the pre-trained checkpoint whose Fast R-CNN made the features
 # ... and its weights' identity: a checkpoint pre-trained again into the same folder is another one.

@@ -141,7 +141,7 @@ def text_only_accuracy(model: TextOnlyChooser, items) -> float:
 
 
 def _vcr_items(examples, column: str) -> list[tuple[list, list[list], int]]:
-    from ..tasks.vcr import vcr_text
+    from ..data.vcr import vcr_text
 
     out = []
     for e in examples:

@@ -6,27 +6,16 @@ from pathlib import Path
 
 import torch
 
+from ..data.vcr import tag_name
 from ..modeling.processing_vlbert import Word, pad_batch
 from .base import Task
 from .regions import open_store, regions_of
 
-# Copied from r2c's dataloaders/vcr.py (VL-BERT's VCR reader keeps the same list): a person's tag
-# is read as one of these names, by its object's index, so that a tag says nothing of its object.
-GENDER_NEUTRAL_NAMES = [
-    "Casey", "Riley", "Jessie", "Jackie", "Avery", "Jaime", "Peyton", "Kerry",
-    "Jody", "Kendall", "Peyton", "Skyler", "Frankie", "Pat", "Quinn",
-]  # fmt: skip
-
-
-def tag_name(objects: list[str], index: int) -> str:
-    """The word a tag of object `index` is read as: its category, or a neutral name for a person."""
-    name = objects[index]
-    return GENDER_NEUTRAL_NAMES[index % len(GENDER_NEUTRAL_NAMES)] if name == "person" else name
-
 
 def vcr_words(tokens: list, objects: list[str]) -> list[Word]:
-    """VCR tokens to words: an object reference [i, j] becomes 'name_i and name_j' (tag_name),
-    each word taking its object's visual feature (RoI row i + 1; row 0 is the whole image)."""
+    """VCR tokens to words (vcr_text's, in order): an object reference [i, j] becomes 'name_i and
+    name_j' (tag_name), each word taking its object's visual feature (RoI row i + 1; row 0 is the
+    whole image)."""
     words = []
     for token in tokens:
         if isinstance(token, str):
@@ -37,11 +26,6 @@ def vcr_words(tokens: list, objects: list[str]) -> list[Word]:
                 words.append(Word("and"))
             words.append(Word(tag_name(objects, index), roi=index + 1))
     return words
-
-
-def vcr_text(tokens: list, objects: list[str]) -> str:
-    """The tokens as the text the model reads (vcr_words), without the regions."""
-    return " ".join(w.text for w in vcr_words(tokens, objects))
 
 
 class VCRTask(Task):
