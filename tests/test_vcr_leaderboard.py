@@ -5,6 +5,7 @@ is that the rationale scores after each answer are the QA->R model's, with input
 fine-tuning, and that the CSV scores as the project's predictions do.
 """
 
+import contextlib
 import csv
 import json
 from types import SimpleNamespace
@@ -102,6 +103,13 @@ def runs(tmp_path_factory):
 
 
 def _leaderboard(runs, out, *extra):
+    # Run from the runs' folder: the stores are random features, which the study's detector (the
+    # default, results/<preset>/detector, where a study was run in this folder) would refuse.
+    with contextlib.chdir(runs.root):
+        return _leaderboard_here(runs, out, *extra)
+
+
+def _leaderboard_here(runs, out, *extra):
     return main(
         [
             "vcr-leaderboard",
