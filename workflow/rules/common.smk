@@ -168,8 +168,8 @@ def finetune_outputs():
 
 def depends_on(*keys, leave_out=("finetune.data_fractions",)):
     """The preset values a rule's output depends on, as a string Snakemake records: changing one
-    of them in the preset re-runs that rule (and what follows), and nothing else. `leave_out`:
-    keys inside those that it does not depend on (which extra runs the study makes)."""
+    of them in the preset re-runs that rule (and what follows), and nothing else; `leave_out`
+    names the keys inside those that no output depends on (which extra runs the study makes)."""
     import json
 
     picked = {}
