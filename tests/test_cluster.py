@@ -174,7 +174,9 @@ def test_every_run_is_in_postgresql(cluster, cluster_run, smoke_run):
     local_runs = local.search_runs([local_experiment.experiment_id], max_results=5000)
     expected = sorted(key(run.data.tags) for run in local_runs)
     assert served == expected
-    finetunes = [run for run in runs if any(t == {"key": "stage", "value": "finetune"} for t in run["data"]["tags"])]
+    tags = [{t["key"]: t["value"] for t in run["data"]["tags"]} for run in runs]
+    # the whole-set runs (the data-fraction runs carry a train_fraction tag)
+    finetunes = [t for t in tags if t.get("stage") == "finetune" and "train_fraction" not in t]
     settings, tasks = study_settings(SMOKE), registry.TASKS
     assert len(finetunes) == len(settings) * len(tasks) * len(SMOKE["sweep"]["seeds"])
     # The server's store is PostgreSQL: the same runs, counted in its own table.
