@@ -288,6 +288,7 @@ def test_controls_put_each_cell_beside_its_shuffled_images_and_blind_floor(tmp_p
     rows = {tuple(c.strip() for c in row.split("|")[1:3]): row for row in text.splitlines() if row.startswith("| ")}
     assert "| 45.5 | 1.1 | 44.0 ✗ | 1.5 | 36.6 |" in rows["a", "VQA"]  # SE: sqrt(.455 * .545 / 2000)
     assert "| 40.5 | 1.1 | 30.0 | 10.5 | 41.0 ✗ |" in rows["no_pretrain", "RefCOCO+ det"]
+    assert _rows((report / "table4.md").read_text())["blind floor"] == ["25.7", "24.4", "36.6", "41.0"]
     assert "do not clear their shuffled images: a / vqa." in text
     assert "do not clear their blind floor: no_pretrain / refcoco_det." in text
     findings = {f["id"]: f for f in json.loads((report / "findings.json").read_text())}

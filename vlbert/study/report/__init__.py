@@ -101,8 +101,8 @@ def write_report(
         kinds = vcr_question_kinds(vcr_val)
         by_kind = derive_vcr_kinds(finetunes, predictions, labels, kinds) if kinds else None
     table = table4(finetunes, zip(killed["setting"], killed["task"]))
-    write_tables(table, paper, out, finetune_notes)
     floors = json.loads(Path(floors_path).read_text()) if floors_path and Path(floors_path).is_file() else {}
+    write_tables(table, paper, out, finetune_notes, floors)
     write_controls(controls(table, floors), floors, out)
     if (every_finetune["train_fraction"] < 1).any():
         fractions = fraction_table(every_finetune)

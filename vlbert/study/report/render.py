@@ -12,7 +12,7 @@ import pandas as pd
 from ... import io
 from ...registry import FAMILIES, SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
 from .read import GROUNDING_KINDS, PRETRAINING_METRICS, latest_pretraining
-from .statistics import KILLED, MISSING
+from .statistics import KILLED, MISSING, floor_of
 
 # ---- Table 4 and the findings ----------------------------------------------------------------
 
@@ -42,12 +42,22 @@ def _cells(table: pd.DataFrame, setting: str) -> list[str]:
     ]
 
 
-def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] = ()) -> None:
-    """table4.{md,csv,tex}; `notes`: what the figures rest on (runs that did not finish), said below the table."""
+def write_tables(
+    table: pd.DataFrame, paper: dict, out: Path, notes: list[str] = (), floors: dict | None = None
+) -> None:
+    """table4.{md,csv,tex}; `notes`: what the figures rest on (runs that did not finish), said below
+    the table; `floors` (floors.json): the blind floors, a first row of the markdown table."""
     published = paper["ablation_table4"]
     marker = " †" if published["provenance"] == "recalled" else ""
     header = ["setting"] + [TASKS[t].table4_title for t in TABLE4_TASKS] + [f"paper {t}{marker}" for t in TABLE4_TASKS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    if floors:
+        blind = [floor_of(floors, t) for t in TABLE4_TASKS]
+        lines.append(
+            "| blind floor | "
+            + " | ".join(MISSING if math.isnan(v) else f"{v:.1f}" for v in blind)
+            + " |" * (len(TABLE4_TASKS) + 1)
+        )
     csv_rows = []
     for setting in TABLE4_SETTINGS:
         ours = _cells(table, setting)
@@ -72,6 +82,12 @@ def write_tables(table: pd.DataFrame, paper: dict, out: Path, notes: list[str] =
         note += f" {KILLED}: its runs were killed before they had results (the notes below name them)."
     if "(n=" in shown:
         note += " (n=k): only k seeds, (n=1) a single one, which has no spread."
+    if floors:
+        note += (
+            " Blind floor: the best score of a model that does not look at the image (floors.json); "
+            "each cell beside it and beside its runs' score with the images shuffled among the items: "
+            "table4_controls.md."
+        )
     if marker:
         note += (
             " † The paper's Table 4 numbers are recalled, not confirmed from the paper's text "
