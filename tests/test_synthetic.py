@@ -262,7 +262,7 @@ def test_mini_tasks_blind_floors_meet_their_bars(tmp_path):
     cells must clear, on the reported splits (issue bars: VCR text-only <= 32 on both columns,
     VQA question-only <= 40 with pair accuracy 0, RefCOCO+ rare words <= 50 for a rule that reads
     no colour word), and the reported splits large enough to read (SE <= 1.2, 1.2, 1.5 points)."""
-    from vlbert.evaluation.floors import blind_floors, se
+    from vlbert.evaluation.floors import accuracy_se, blind_floors
 
     spec = synthetic_spec(load_config(REPO / "experiments" / "mini.yaml"))
     make_world(spec, tmp_path, datasets=["vqa", "vcr", "refcoco+"], progress=False)
@@ -271,11 +271,11 @@ def test_mini_tasks_blind_floors_meet_their_bars(tmp_path):
     for column in ("vcr_q2a", "vcr_qa2r"):
         reported = floors[column]["reported"]
         assert reported["text_only"] <= 32 and reported["option_only"] <= 32, reported
-        assert se(50, reported["n"]) <= 1.2
+        assert accuracy_se(50, reported["n"]) <= 1.2
     vqa = floors["vqa"]["reported"]
-    assert vqa["question_only"] <= 40 and vqa["question_only_pairs"] == 0 and se(50, vqa["n"]) <= 1.2
+    assert vqa["question_only"] <= 40 and vqa["question_only_pairs"] == 0 and accuracy_se(50, vqa["n"]) <= 1.2
     refcoco = floors["refcoco_det"]["reported"]
-    assert refcoco["no_colour_rule_rare"] <= 50 and se(80, refcoco["n"]) <= 1.5
+    assert refcoco["no_colour_rule_rare"] <= 50 and accuracy_se(80, refcoco["n"]) <= 1.5
 
 
 def test_a_data_set_folder_holding_a_foreign_file_is_never_replaced(smoke_config, tmp_path):

@@ -34,10 +34,13 @@ def _pct(values) -> float:
     return round(100 * sum(values) / len(values), 2)
 
 
-def se(accuracy_pct: float, n: int) -> float:
-    """The standard error of an accuracy (in points) measured on n items."""
-    p = accuracy_pct / 100
-    return round(100 * math.sqrt(max(p * (1 - p), 0.0) / n), 2) if n else float("nan")
+def accuracy_se(accuracy: float, n: float) -> float:
+    """The standard error, in points, of an accuracy (in percent) measured on n items; nan where
+    either is unknown."""
+    if accuracy is None or n is None or math.isnan(accuracy) or math.isnan(n) or not n:
+        return math.nan
+    p = accuracy / 100
+    return 100 * math.sqrt(max(p * (1 - p), 0.0) / n)
 
 
 def _role_splits(task_name: str) -> dict[str, tuple[str, ...]]:

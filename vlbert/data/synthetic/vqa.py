@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from .world import _RADIUS, COLOURS, SHAPES, SIZES, Scene, SceneObject, sample_scene
+from .world import COLOURS, RADIUS, SHAPES, SIZES, Scene, SceneObject, sample_scene
 
 ANNOTATOR_AGREEMENT = 0.9
 KINDS = ("color", "shape", "size", "count", "exist")
@@ -33,7 +33,7 @@ def _pick(rng: np.random.Generator, items, exclude=()):
 
 def _resized(obj: SceneObject, size: str, rng: np.random.Generator, cell: float) -> SceneObject:
     """`obj` at `size`, in the same grid cell (shapes never overlap: sample_scene's layout)."""
-    lo, hi = _RADIUS[size]
+    lo, hi = RADIUS[size]
     radius = cell * rng.uniform(lo, hi)
     slack = cell / 2 - radius - 1
     col, row = int(obj.cx // cell), int(obj.cy // cell)

@@ -54,7 +54,7 @@ CORNERS = {
 WEIGHT = {"small": "light", "large": "heavy"}
 
 # Fraction of a grid cell that a shape's radius may take, per size.
-_RADIUS = {"small": (0.22, 0.28), "large": (0.38, 0.46)}
+RADIUS = {"small": (0.22, 0.28), "large": (0.38, 0.46)}
 
 
 def stable_seed(seed: int, *names: str) -> list[int]:
@@ -144,7 +144,7 @@ def sample_scene(
         shape = attrs.get("shape") or SHAPES[rng.integers(len(SHAPES))]
         colour = attrs.get("colour") or list(COLOURS)[rng.integers(len(COLOURS))]
         size = attrs.get("size") or SIZES[rng.integers(len(SIZES))]
-        lo, hi = _RADIUS[size]
+        lo, hi = RADIUS[size]
         radius = cell * rng.uniform(lo, hi)
         slack = cell / 2 - radius - 1
         row, col = divmod(int(c), grid)

@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from ...evaluation.floors import accuracy_se
 from ...registry import SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
 
 FINDING_TEXT = {
@@ -30,14 +31,6 @@ CONTROL_COLUMNS = {
     "rare": "accuracy_rare",  # RefCOCO+: expressions with a word rare in fine-tuning
     "seen": "accuracy_seen",
 }
-
-
-def accuracy_se(accuracy: float, n: float) -> float:
-    """The standard error, in points, of an accuracy (in percent) measured on n items."""
-    if pd.isna(accuracy) or pd.isna(n) or not n:
-        return math.nan
-    p = accuracy / 100
-    return 100 * math.sqrt(max(p * (1 - p), 0.0) / n)
 
 
 def table4(finetunes: pd.DataFrame, killed=()) -> pd.DataFrame:
