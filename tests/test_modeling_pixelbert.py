@@ -142,9 +142,11 @@ def test_save_and_load_give_the_same_outputs(cls, smoke_detector, images, proces
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "pixelbert" and config["architectures"] == [cls.__name__]
     loaded = cls.from_pretrained(tmp_path).eval()
-    with torch.no_grad():
+    saved, restored = model.state_dict(), loaded.state_dict()
+    assert saved.keys() == restored.keys() and all(torch.equal(saved[k], restored[k]) for k in saved)
+    with torch.no_grad():  # the CNN's kernels may pick another algorithm for the new tensors: last bits differ
         for a, b in zip(outputs(model(**batch)), outputs(loaded(**batch))):
-            assert torch.equal(a, b)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert {n: p.requires_grad for n, p in loaded.named_parameters()} == {
         n: p.requires_grad for n, p in model.named_parameters()
     }  # BatchNorm frozen again after loading

@@ -9,7 +9,7 @@ from conftest import REPO
 
 from vlbert.config import load_config, synthetic_spec
 from vlbert.data.synthetic import DATASETS, make_world
-from vlbert.data.synthetic.world import SHAPES, sample_scene, stable_seed
+from vlbert.data.synthetic.world import SHAPES, sample_scene, scene_size, stable_seed
 
 
 def _tree(root):
@@ -130,7 +130,7 @@ def test_vcr_wrong_choices_are_other_questions_right_ones_retargeted():
 
     rng = np.random.default_rng(0)
     items = vcr.draw_items(rng, 500)
-    scenes_tags = [vcr.scene_for(item, rng, 96, int(rng.integers(2, 7))) for item in items]
+    scenes_tags = [vcr.scene_for(item, rng, 96, scene_size(rng)) for item in items]
     choices = vcr.adversarial_choices(items, [tags for _, tags in scenes_tags], rng)
     kinds = Counter(item.kind for item in items)
     assert set(kinds) == set(vcr.KINDS) and max(kinds.values()) - min(kinds.values()) <= 1
@@ -193,12 +193,12 @@ def test_mini_pretraining_data_outnumbers_each_finetuning_set():
 
 def test_captions_name_one_to_three_salient_objects_of_mostly_simple_scenes():
     from vlbert.data.synthetic import captions
-    from vlbert.data.synthetic.world import COLOURS, sample_scene
+    from vlbert.data.synthetic.world import COLOURS
 
     rng = np.random.default_rng(0)
     sizes, named_counts = Counter(), Counter()
     for _ in range(2000):
-        scene = sample_scene(rng, 96, captions.scene_size(rng))
+        scene = sample_scene(rng, 96, scene_size(rng))
         text = captions.make_caption(scene, rng)
         named = [w for w in text.split() if w in COLOURS]
         sizes[len(scene.objects)] += 1
@@ -235,7 +235,7 @@ def test_vqa_pairs_differ_only_in_what_the_answer_depends_on():
     answers = {kind: Counter() for kind in vqa.KINDS}
     for k in range(1000):
         kind = vqa.KINDS[k % len(vqa.KINDS)]
-        fields, scene_a, a, scene_b, b = vqa.complementary_pair(rng, 96, kind, int(rng.integers(2, 7)))
+        fields, scene_a, a, scene_b, b = vqa.complementary_pair(rng, 96, kind, scene_size(rng))
         assert a != b and fields["kind"] == kind
         changed = [k for k, (x, y) in enumerate(zip(scene_a.objects, scene_b.objects)) if x != y]
         assert changed and (kind == "count" or len(changed) == 1)

@@ -33,6 +33,7 @@ from .world import (
     render,
     sample_scene,
     save_image,
+    scene_size,
     stable_seed,
 )
 
@@ -119,9 +120,7 @@ def write_conceptual_captions(spec: dict, root: Path) -> None:
     for split, count in spec["conceptual_captions"].items():
         (root / "images" / split).mkdir(parents=True)
         lines = []
-        for index, scene, image, rng in _scenes(
-            spec, "conceptual_captions", split, count, captions.scene_size, "captions"
-        ):
+        for index, scene, image, rng in _scenes(spec, "conceptual_captions", split, count, scene_size, "captions"):
             relative = f"images/{split}/{index:08d}.jpg"
             save_image(image, root / relative)
             lines.append(f"{captions.make_caption(scene, rng)}\t{relative}\n")
@@ -143,7 +142,7 @@ def _vqa_pairs(spec: dict, split: str, count: int):
     for index in tqdm(
         range(count), desc=f"vqa {split}", unit="pair", leave=False, disable=not spec.get("progress", True)
     ):
-        n = int(rng.integers(2, 7))
+        n = scene_size(rng)
         fields, scene_a, a, scene_b, b = vqa.complementary_pair(rng, spec["image_size"], kinds[index], n)
         yield index, fields, [(scene_a, a, render(scene_a, rng), rng), (scene_b, b, render(scene_b, rng), rng)]
 
@@ -225,7 +224,7 @@ def write_vcr(spec: dict, root: Path) -> None:
         for index, item in enumerate(
             tqdm(items, desc=f"vcr {split}", unit="img", leave=False, disable=not spec.get("progress", True))
         ):
-            scene, item_tags = vcr.scene_for(item, rng, spec["image_size"], int(rng.integers(2, 7)))
+            scene, item_tags = vcr.scene_for(item, rng, spec["image_size"], scene_size(rng))
             movie = f"synthetic_movie_{index // 50:04d}"
             stem = f"{movie}/{split}_{index:06d}"
             (root / "vcr1images" / movie).mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Like Conceptual Captions' alt-texts, a caption is short and about the image's salient one to
 three objects (the large ones first); the other shapes of the scene are distractors it does not
-name. Scenes are mostly simple (`SCENE_SIZES`): a masked colour, size or shape word must often be
+name. Scenes are mostly simple (`world.SCENE_SIZES`): a masked colour, size or shape word must often be
 resolvable by one look at the image, which is what lets masked language modelling with visual
 clues learn to read the regions at all. Captions that named every object of a crowded scene
 taught the text to stop looking (reports/reference/mini/README.md); the distractors keep binding (which
@@ -16,14 +16,8 @@ import numpy as np
 from .language import article, join_list
 from .world import Scene, relation
 
-# P(number of shapes in a caption's scene), for 1, 2, 3, ... shapes.
-SCENE_SIZES = (0.35, 0.30, 0.15, 0.10, 0.10)
 # P(number of objects a caption names), for 1, 2, 3 (at most the scene's).
 NAMED = (0.55, 0.35, 0.10)
-
-
-def scene_size(rng: np.random.Generator) -> int:
-    return 1 + int(rng.choice(len(SCENE_SIZES), p=SCENE_SIZES))
 
 
 def salient(scene: Scene, rng: np.random.Generator) -> list:

@@ -91,8 +91,13 @@ def _clear(scene: Scene, rng, keep: int, clashes) -> Scene:
 
 def complementary_pair(rng: np.random.Generator, image_size: int, kind: str, n_objects: int):
     """(question fields, scene A, answer A, scene B, answer B): one question, two scenes that
-    differ only in what its answer depends on, answers drawn uniformly and different."""
+    differ only in what its answer depends on, answers drawn uniformly and different. A count
+    question's scene holds at least as many objects as its larger answer."""
     cell = image_size / 3
+    if kind == "count":
+        a = _pick(rng, COUNTS)
+        b = _pick(rng, COUNTS, exclude=[a])
+        n_objects = max(n_objects, int(a), int(b))
     scene = sample_scene(rng, image_size, n_objects)
     t = int(rng.integers(n_objects))  # the object the question is about
     target = scene.objects[t]
@@ -121,8 +126,6 @@ def complementary_pair(rng: np.random.Generator, image_size: int, kind: str, n_o
     elif kind == "count":
         colour = _pick(rng, _COLOURS)
         subject = (colour,)
-        a = _pick(rng, [c for c in COUNTS if int(c) <= n_objects])
-        b = _pick(rng, [c for c in COUNTS if int(c) <= n_objects], exclude=[a])
         order = [int(k) for k in rng.permutation(n_objects)]
         # The first max(a, b) objects in `order` carry the colour in the scene with more of it;
         # the other scene gives the surplus other colours: the rest is the same.

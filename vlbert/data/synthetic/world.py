@@ -30,6 +30,12 @@ COLOURS = {
     "white": (245, 245, 245),
 }
 SIZES = ("small", "large")
+# P(number of shapes in a scene), for 1, 2, 3, ... shapes: every data set's images but RefCOCO+'s
+# (whose referred objects come with twins) and the detector's are drawn so. Mostly simple scenes,
+# as the salient objects of a web photo: a colour, size or shape word is often resolvable by one
+# look, which is what lets masked language modelling with visual clues learn to read the regions
+# at all, and the tasks then ask for the read that pre-training can teach (README: scenes).
+SCENE_SIZES = (0.35, 0.30, 0.15, 0.10, 0.10)
 
 # Lore: facts the text corpus states and VCR rationales rely on. The images never show them,
 # so only a model that read the corpus (pre-training setting d and full) has seen them often.
@@ -125,6 +131,10 @@ class Scene:
     height: int
     background: tuple[int, int, int]
     objects: tuple[SceneObject, ...]
+
+
+def scene_size(rng: np.random.Generator) -> int:
+    return 1 + int(rng.choice(len(SCENE_SIZES), p=SCENE_SIZES))
 
 
 def sample_scene(
