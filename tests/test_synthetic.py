@@ -1,5 +1,6 @@
 import filecmp
 import json
+import pickle
 import re
 from collections import Counter
 
@@ -245,7 +246,23 @@ def test_vqa_pairs_differ_only_in_what_the_answer_depends_on():
         assert max(counts.values()) / sum(counts.values()) < 1.5 / len(counts), (kind, counts)
 
 
+def _colour_of(root, instances, ann) -> str:
+    """The world colour nearest the pixel at the centre of an annotation's box (every shape
+    covers its centre); the files name only shapes."""
+    from PIL import Image
+
+    from vlbert.data.synthetic.world import COLOURS
+
+    image = next(i for i in instances["images"] if i["id"] == ann["image_id"])
+    x, y, w, h = ann["bbox"]
+    with Image.open(root / "images" / image["file_name"]) as picture:
+        pixel = np.array(picture.convert("RGB").getpixel((int(x + w / 2), int(y + h / 2))), dtype=float)
+    return min(COLOURS, key=lambda c: float(((pixel - np.array(COLOURS[c])) ** 2).sum()))
+
+
 def test_refcoco_rare_colours_name_no_training_expression(smoke_world):
+    """...and no training referent or twin wears one (else the set teaches "never the orange
+    one"), while held-out referents and training distractors of other shapes do."""
     from vlbert.data.refcoco import RefCOCO
     from vlbert.data.synthetic.refcoco import RARE_COLOURS
 
@@ -254,6 +271,16 @@ def test_refcoco_rare_colours_name_no_training_expression(smoke_world):
     held_out = [e.sentence for s in ("val", "testA", "testB") for e in data.expressions(s)]
     assert not any(set(t.split()) & set(RARE_COLOURS) for t in train)
     assert any(set(t.split()) & set(RARE_COLOURS) for t in held_out)
+    instances = json.loads((smoke_world / "refcoco+" / "instances.json").read_text())
+    refs = pickle.loads((smoke_world / "refcoco+" / "refs(unc).p").read_bytes())
+    referred = {r["image_id"]: r["category_id"] for r in refs if r["split"] == "train"}
+    wears = {True: Counter(), False: Counter()}  # referable shape or not -> colours worn
+    for ann in instances["annotations"]:
+        if ann["image_id"] in referred:
+            colour = _colour_of(smoke_world / "refcoco+", instances, ann)
+            wears[ann["category_id"] == referred[ann["image_id"]]][colour] += 1
+    assert wears[True] and not set(wears[True]) & set(RARE_COLOURS)
+    assert set(wears[False]) & set(RARE_COLOURS)
 
 
 @pytest.mark.slow

@@ -273,11 +273,15 @@ def _refcoco_splits(spec: dict, count: int, held_out: float) -> list[str]:
     return [splits[k] for k in order]
 
 
-def _refcoco_forced(splits: list[str]):
+def _refcoco_forced(splits: list[str], rare_colours=()):
     """Scenes as RefCOCO+'s images: one shape 2-3 times, the category the image's refs are about,
     the other objects distractors of other shapes, one of each, so no other category is referable.
     The shape is of the test split's kind in test images (RefCOCO+'s testA images hold several
-    people), of either kind at even odds elsewhere."""
+    people), of either kind at even odds elsewhere.
+
+    In training images the referable shapes wear no rare colour (distractors may), as nocaps'
+    novel objects go unannotated in COCO: were a rare-coloured twin there, only its twins'
+    expressions could be kept, and the set would teach "never the orange one"."""
 
     def forced(rng, n, index):
         kinds = list(refcoco.TEST_KINDS.values())
@@ -288,7 +292,11 @@ def _refcoco_forced(splits: list[str]):
         twin = {"shape": shape}
         if rng.random() < refcoco.TWIN_SAME_SIZE:
             twin["size"] = SIZES[int(rng.integers(len(SIZES)))]
-        return [twin] * copies + [{"shape": s} for s in others]
+        twins = [twin] * copies
+        if splits[index] == "train":
+            common = [c for c in COLOURS if c not in rare_colours]
+            twins = [{**twin, "colour": common[int(rng.integers(len(common)))]} for _ in range(copies)]
+        return twins + [{"shape": s} for s in others]
 
     return forced
 
@@ -300,7 +308,7 @@ def write_refcoco(spec: dict, root: Path) -> None:
     splits = _refcoco_splits(spec, options["images"], options.get("held_out_fraction", 0.3))
     rare_colours = options.get("rare_colours", refcoco.RARE_COLOURS)
     for index, scene, image, rng in _scenes(
-        spec, "refcoco+", "all", options["images"], (3, 6), "refcoco+", forced=_refcoco_forced(splits)
+        spec, "refcoco+", "all", options["images"], (3, 6), "refcoco+", forced=_refcoco_forced(splits, rare_colours)
     ):
         image_id = index + 1
         file_name = f"COCO_train2014_{image_id:012d}.jpg"

@@ -10,7 +10,8 @@ categories by kind: RefCOCO+'s testA refers to people, testB to other objects; h
 to the plain shapes and testB to the others (TEST_KINDS).
 
 Two colours (RARE_COLOURS) name no training expression, as rare words of a Zipfian vocabulary do;
-pre-training's captions name them as often as the others.
+pre-training's captions name them as often as the others. No training referent or twin wears them
+(the distractors of other shapes may), as nocaps' novel objects go unannotated in COCO.
 """
 
 from __future__ import annotations
