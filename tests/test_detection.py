@@ -173,7 +173,7 @@ def test_ground_truth_mode_describes_the_given_boxes(backend, smoke_world, tmp_p
             assert np.allclose(regions["boxes"][1:], item.boxes, atol=1e-3)
             assert regions["box_ids"].tolist() == [-1, *item.box_ids]
     vcr = image_items(smoke_world / "vcr", "vcr", "val", gt_boxes=True)
-    assert all(len(i.boxes) == len(i.box_ids) >= 2 for i in vcr)
+    assert all(len(i.boxes) == len(i.box_ids) >= 1 for i in vcr)  # every object of the image, one at least
 
 
 # ---- resume after a kill ---------------------------------------------------------------------

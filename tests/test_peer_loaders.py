@@ -208,8 +208,8 @@ def test_refcoco_split_sizes_are_the_configured_shares(smoke_world):
     r = refer_index(smoke_world / "refcoco+")
     images = Counter(refs[0]["split"] for refs in r["imgToRefs"].values())
     # 60 images, 30% held out: 6 val, 6 testA, 6 testB, 42 train; fewer when an image's objects of
-    # one shape are twins (same colour and size), which no expression tells apart, and in train
-    # when each of an image's expressions names a rare colour (none is kept there).
+    # one shape are twins (same colour and size), which no expression tells apart: more often in
+    # train, whose twins wear one of the five common colours only (about one image in five).
     configured = {"train": 42, "val": 6, "testA": 6, "testB": 6}
     assert all(configured[split] - 1 <= images[split] <= configured[split] for split in ("val", "testA", "testB"))
-    assert 0.8 * configured["train"] <= images["train"] <= configured["train"], images
+    assert 0.7 * configured["train"] <= images["train"] <= configured["train"], images
