@@ -34,7 +34,7 @@ SIZES = ("small", "large")
 # (whose referred objects come with twins) and the detector's are drawn so. Mostly simple scenes,
 # as the salient objects of a web photo: a colour, size or shape word is often resolvable by one
 # look, which is what lets masked language modelling with visual clues learn to read the regions
-# at all, and the tasks then ask for the read that pre-training can teach (README: scenes).
+# at all, and the tasks then ask for the read that pre-training can teach (reports/reference/mini/README.md).
 SCENE_SIZES = (0.35, 0.30, 0.15, 0.10, 0.10)
 
 # Lore: facts the text corpus states and VCR rationales rely on. The images never show them,
