@@ -88,6 +88,26 @@ def test_the_tuned_fast_rcnn_takes_its_own_rate_through_the_schedule():
     assert sorted(scheduler.get_last_lr()) == pytest.approx([0.05, 0.05, 0.5, 0.5])  # warm-up keeps the ratio
 
 
+def test_the_task_head_takes_its_own_rate_and_nothing_else_does():
+    # A fresh VQA head under the body's rate learnt the answer prior and then sat there while the
+    # body forgot what pre-training had given it; head_lr_factor gives the head its own rate.
+    model = torch.nn.ModuleDict(
+        {
+            "vlbert": torch.nn.ModuleDict({"classifier": torch.nn.Linear(2, 2)}),  # not the task's head
+            "classifier": torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)),
+        }
+    )
+    rates = {
+        id(p): group["lr"]
+        for group in build_optimizer(model, {"lr": 1.0, "head_lr_factor": 10.0}).param_groups
+        for p in group["params"]
+    }
+    assert {rates[id(p)] for p in model["classifier"].parameters()} == {10.0}
+    assert {rates[id(p)] for p in model["vlbert"].parameters()} == {1.0}
+    # Without the option the groups are what they were: a preset that does not name it trains as before.
+    assert len(build_optimizer(model, {"lr": 1.0}).param_groups) == 2
+
+
 # ---- the stages ------------------------------------------------------------------------------
 
 

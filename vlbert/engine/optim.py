@@ -12,6 +12,8 @@ from torch import nn
 NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight", "mask_embedding", "text_only_embedding", "text_scale")
 FAST_RCNN = "fast_rcnn."  # the Fast R-CNN module's parameters: `frcnn_lr_factor` x the rate
 PIXEL_CNN = "pixelbert.cnn."  # Pixel-BERT's CNN, trained end to end: `cnn_lr_factor` x the rate
+# Every family's task model names its new answer / score head `classifier`: `head_lr_factor` x the rate.
+TASK_HEAD = "classifier."
 
 
 def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) -> torch.optim.Optimizer:
@@ -19,11 +21,19 @@ def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) ->
     # A pre-trained detector under a transformer's rate: usually a smaller rate (frcnn_lr_factor).
     frcnn_factor = float(options.get("frcnn_lr_factor", 1.0))
     cnn_factor = float(options.get("cnn_lr_factor", 1.0))
+    # A head that starts from random weights under a pre-trained body's rate learns the answer
+    # prior long before it reads the body's features, while the body forgets them.
+    head_factor = float(options.get("head_lr_factor", 1.0))
     groups = {}
     for name, param in model.named_parameters():
         if param.requires_grad:
             decays = not (name.endswith(NO_DECAY) or param.ndim == 1)
-            factor = frcnn_factor if FAST_RCNN in name else cnn_factor if name.startswith(PIXEL_CNN) else 1.0
+            if FAST_RCNN in name:
+                factor = frcnn_factor
+            elif name.startswith(PIXEL_CNN):
+                factor = cnn_factor
+            else:
+                factor = head_factor if name.startswith(TASK_HEAD) else 1.0
             groups.setdefault((decays, factor), []).append(param)
     groups = [
         {"params": params, "weight_decay": options.get("weight_decay", 1e-4) if decays else 0.0, "lr": lr * factor}
