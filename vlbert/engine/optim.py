@@ -21,8 +21,8 @@ def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) ->
     # A pre-trained detector under a transformer's rate: usually a smaller rate (frcnn_lr_factor).
     frcnn_factor = float(options.get("frcnn_lr_factor", 1.0))
     cnn_factor = float(options.get("cnn_lr_factor", 1.0))
-    # A head that starts from random weights under a pre-trained body's rate learns the answer
-    # prior long before it reads the body's features, while the body forgets them.
+    # A head that starts from random weights, at a pre-trained body's rate, learns the answer
+    # prior and stays there, though the body's features already hold the answer.
     head_factor = float(options.get("head_lr_factor", 1.0))
     groups = {}
     for name, param in model.named_parameters():
