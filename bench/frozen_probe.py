@@ -32,6 +32,8 @@ import torch.nn.functional as F
 
 from vlbert import tasks
 from vlbert.config import finetune_epochs, load_config
+from vlbert.data.synthetic.world import COLOURS as WORLD_COLOURS
+from vlbert.data.synthetic.world import SHAPES
 from vlbert.engine.build import build_model, load_processor
 from vlbert.modeling.configuration_vlbert import SEGMENT_IMAGE
 from vlbert.modeling.modeling_vlbert import VLBertForPreTraining, vqa_loss
@@ -39,8 +41,7 @@ from vlbert.registry import setting as setting_entry
 from vlbert.tasks.regions import feature_mean, with_other_images
 
 TEXT_INPUTS = ("input_ids", "token_type_ids", "position_ids", "attention_mask", "visual_index")
-COLOURS = ("red", "orange", "yellow", "green", "blue", "purple", "white")
-SHAPES = ("circle", "square", "triangle", "star", "diamond", "cross")
+COLOURS = tuple(WORLD_COLOURS)
 
 
 def hidden_states(model, batch) -> torch.Tensor:
@@ -83,15 +84,17 @@ def soft_targets(task, examples) -> torch.Tensor:
     return targets
 
 
-def fit_linear_probe(states, targets, steps: int):
+def fit_linear_probe(states, targets, loss, outputs: int, steps: int, l2: float = 0.0):
+    """A linear map of the standardised states, fitted with `loss(logits, targets)` (full batch,
+    Adam); returns the fitted logits as a function of states."""
     standard = standardiser(states)
-    weight = torch.zeros(states.shape[1], targets.shape[1], requires_grad=True)
-    bias = torch.zeros(targets.shape[1], requires_grad=True)
+    weight = torch.zeros(states.shape[-1], outputs, requires_grad=True)
+    bias = torch.zeros(outputs, requires_grad=True)
     optimizer = torch.optim.Adam([weight, bias], lr=1e-2)
     x = standard(states)
     for _ in range(steps):
         optimizer.zero_grad()
-        (vqa_loss(x @ weight + bias, targets) + 1e-4 * weight.square().sum()).backward()
+        (loss(x @ weight + bias, targets) + l2 * weight.square().sum()).backward()
         optimizer.step()
     return lambda s: standard(s) @ weight.detach() + bias.detach()
 
@@ -113,7 +116,8 @@ def probe_vqa(name, model, mlm, task, vocabulary, args, preset):
     train_states, _ = vqa_states(model, task, train)
     test_states, test_words = vqa_states(model, task, test, mlm)
     shuffled_states, _ = vqa_states(model, task, with_other_images(test, 0))
-    probe = fit_linear_probe(train_states, soft_targets(task, train), args.steps)
+    targets = soft_targets(task, train)
+    probe = fit_linear_probe(train_states, targets, vqa_loss, targets.shape[1], args.steps, l2=1e-4)
     print(f"{name:12s} linear probe {vqa_summary(vqa_scores(task, test, probe(test_states)))}")
     print(f"{'':12s} images shuffled {vqa_scores(task, test, probe(shuffled_states))['accuracy']:5.1f}")
     if test_words is not None:
@@ -193,18 +197,6 @@ def train_head_alone(hidden_size, states, labels, epochs, lr=3e-3, seed=0):
     return lambda s: head(s).squeeze(-1).detach()
 
 
-def linear_probe(states, labels, classes: int, steps: int = 1000):
-    standard = standardiser(states)
-    weight = torch.zeros(states.shape[-1], classes, requires_grad=True)
-    bias = torch.zeros(classes, requires_grad=True)
-    optimizer = torch.optim.Adam([weight, bias], lr=1e-2)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        F.cross_entropy(standard(states) @ weight + bias, labels).backward()
-        optimizer.step()
-    return lambda s: standard(s) @ weight.detach() + bias.detach()
-
-
 def probe_vcr(name, model, mlm, task, vocabulary, args, preset):
     (train_file,), (test_file,) = task.spec.splits["train"], task.spec.splits["test"]
     vcr = Path(task.data_root) / "vcr"
@@ -229,7 +221,10 @@ def probe_vcr(name, model, mlm, task, vocabulary, args, preset):
     if train_tags and test_tags:
         (train_states, train_objects), (test_states, test_objects) = train_tags, test_tags
         reads = [
-            accuracy(linear_probe(train_states, train_objects[:, k], n)(test_states), test_objects[:, k])
+            accuracy(
+                fit_linear_probe(train_states, train_objects[:, k], F.cross_entropy, n, 1000)(test_states),
+                test_objects[:, k],
+            )
             for k, n in ((0, len(COLOURS)), (1, len(SHAPES)))
         ]
         counted = f"n {len(test_objects)}"
