@@ -30,6 +30,32 @@ def test_unknown_key_is_named(tmp_path):
         load_config(_write(tmp_path, config))
 
 
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        (("finetune", "vqa"), "standardise_head_inptu"),
+        (("pretrain",), "standardise_head_input"),
+        (("pretrain",), "dropout"),
+    ],
+)
+def test_a_key_an_optimiser_section_does_not_take_is_named(tmp_path, section, key):
+    """Pre-training has no new head: the fine-tuning head's keys are unknown there, as a typo is."""
+    config = _smoke()
+    target = config
+    for name in section:
+        target = target.setdefault(name, {})
+    target[key] = True if key.startswith("standardise") else 0.0
+    where = re.escape(".".join((*section, key)))
+    with pytest.raises(ConfigError, match=rf"preset\.yaml: {where}: unknown key"):
+        load_config(_write(tmp_path, config))
+
+
+def test_a_fine_tuning_task_takes_its_head_keys(tmp_path):
+    config = _smoke()
+    config["finetune"]["vqa"] |= {"standardise_head_input": True, "dropout": 0.0, "head_lr_factor": 10}
+    assert load_config(_write(tmp_path, config))["finetune"]["vqa"]["dropout"] == 0.0
+
+
 def test_wrong_type_is_named(tmp_path):
     config = _smoke()
     config["data"]["synthetic"]["image_size"] = "big"

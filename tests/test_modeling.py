@@ -495,6 +495,30 @@ def tiny_config(**overrides):
     )
 
 
+@pytest.mark.parametrize("cls", [VLBertForVQA, VLBertForVCR, VLBertForRefCOCO])
+def test_a_standardised_head_input_is_saved_with_the_weights_and_changes_no_other_key(cls, tmp_path):
+    plain = cls(tiny_config()).state_dict()
+    # Checkpoints written without it keep their keys: the head's layers are where they were.
+    assert {k for k in plain if k.startswith("classifier.")} == {
+        f"classifier.{layer}.{name}" for layer in (1, 3, 4) for name in ("weight", "bias")
+    }
+    model = cls(tiny_config(standardise_head_input=True))
+    standardiser = model.classifier[0]
+    standardiser.mean.copy_(torch.arange(16.0))
+    standardiser.std.copy_(torch.linspace(0.5, 2.0, 16))
+    keys = set(model.state_dict())
+    body = {k for k in plain if not k.startswith("classifier.")}
+    assert {k for k in keys if not k.startswith("classifier.")} == body
+    assert {k for k in keys if k.startswith("classifier.")} == {"classifier.0.mean", "classifier.0.std"} | {
+        f"classifier.{layer}.{name}" for layer in (2, 4, 5) for name in ("weight", "bias")
+    }
+    model.save_pretrained(tmp_path)
+    loaded = cls.from_pretrained(tmp_path).classifier[0]
+    assert torch.equal(loaded.mean, standardiser.mean) and torch.equal(loaded.std, standardiser.std)
+    features = torch.randn(3, 16)
+    assert torch.allclose(loaded(features), (features - standardiser.mean) / standardiser.std)
+
+
 def draws(model) -> str:
     """sha256 of a model's weights and of the RNG state after it: what a seed gave."""
     digest = hashlib.sha256()

@@ -111,6 +111,53 @@ def test_the_task_head_takes_its_own_rate_and_nothing_else_does():
 # ---- the stages ------------------------------------------------------------------------------
 
 
+def test_the_head_input_statistics_are_the_training_rows_with_padding_left_out():
+    from vlbert.engine.head_input import fit_head_standardisers
+    from vlbert.modeling.modeling_vlbert import HeadInputStandardiser
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(3, 3)
+            self.classifier = torch.nn.Sequential(HeadInputStandardiser(3), torch.nn.Linear(3, 1))
+
+        def forward(self, features, candidate):
+            # A row that is no candidate reaches the head as zeros (as roi_hidden pads a RefCOCO+ item).
+            return self.classifier(self.body(features) * candidate.unsqueeze(-1))
+
+    torch.manual_seed(0)
+    model = Head().train()
+    batches = [{"features": torch.randn(4, 5, 3) * 3 + 1, "candidate": torch.ones(4, 5)} for _ in range(3)]
+    batches[0]["candidate"][0, 0] = 0
+    rows = torch.cat([model.body(b["features"])[b["candidate"] > 0] for b in batches]).detach()
+    assert fit_head_standardisers(model, batches) == len(rows) == 59
+    standardiser = model.classifier[0]
+    assert torch.allclose(standardiser.mean, rows.mean(0), atol=1e-5)
+    assert torch.allclose(standardiser.std, rows.std(0), atol=1e-5)
+    assert model.training  # the model is handed back in the mode it came in
+    assert fit_head_standardisers(torch.nn.Linear(3, 1), [{"input": torch.zeros(1, 3)}]) == 0
+
+
+def test_finetune_standardises_the_head_input_and_turns_off_only_the_bodys_dropout(smoke_study, tmp_path):
+    from safetensors.torch import load_file
+
+    preset = yaml.safe_load(smoke_study["preset"].read_text())
+    preset["finetune"]["refcoco"] |= {"standardise_head_input": True, "dropout": 0.0}
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset))
+    out = tmp_path / "run"
+    args = ["finetune", "--setting", "no_pretrain", "--task", "refcoco_det", "--lr", "0.001", "--seed", "0"]
+    assert main([*args, "--out", str(out), *study_args(smoke_study), "--config", str(tmp_path / "preset.yaml")]) == 0
+    config = json.loads((out / "best" / "config.json").read_text())
+    assert config["standardise_head_input"] is True
+    assert config["hidden_dropout_prob"] == config["attention_probs_dropout_prob"] == 0.0
+    bert = json.loads((smoke_study["bert"] / "config.json").read_text())
+    assert config["classifier_dropout"] == bert["hidden_dropout_prob"] > 0
+    weights = load_file(str(out / "best" / "model.safetensors"))
+    mean, std = weights["classifier.0.mean"], weights["classifier.0.std"]
+    assert mean.abs().sum() > 0 and not torch.equal(std, torch.ones_like(std)) and torch.isfinite(std).all()
+    assert json.loads((out / "metrics.json").read_text())["test"]
+
+
 def test_word_embedding_std_draws_the_embeddings_and_the_tied_decoder():
     # The mini world's bert-init starts its words wide apart: at BERT's 0.02 the colours ended
     # near one embedding, and pre-training could not tell them apart from the image.

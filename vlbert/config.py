@@ -41,6 +41,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         return f"{_dotted(where + [extra[0]])}: unknown key"
+    if error.validator == "unevaluatedProperties":  # a section built from shared fields: the message names the key
+        extra = error.message.split("'")[1]
+        return f"{_dotted(where + [extra])}: unknown key"
     if error.validator == "required":
         missing = error.message.split("'")[1]
         return f"{_dotted(where + [missing])}: missing required key"

@@ -33,18 +33,15 @@ def model_config(config_class, preset: dict, bert: str | Path, detector_dir, **o
     # The [IMG] and [END] ids are the checkpoint's tokenizer's (a trained vocabulary puts them elsewhere).
     vocab = load_processor(bert, 8).tokenizer.get_vocab()
     family_fields = preset.get("model", {}).get(config_class.model_type, {})
+    from_bert = ("vocab_size", "max_position_embeddings", "hidden_dropout_prob", "attention_probs_dropout_prob")
     return config_class(
         img_token_id=vocab[IMG_TOKEN],
         end_token_id=vocab[END_TOKEN],
-        **{
-            k: getattr(bert_config, k)
-            for k in SIZE_KEYS
-            + ("vocab_size", "max_position_embeddings", "hidden_dropout_prob", "attention_probs_dropout_prob")
-        },
         visual_feature_dim=detector["widths"][3],
         num_visual_classes=len(detector["class_names"]) + 1,
         frcnn=detector,
-        **{**family_fields, **overrides},
+        # A fine-tuning section's dropout overrides BERT's.
+        **{**{k: getattr(bert_config, k) for k in SIZE_KEYS + from_bert}, **family_fields, **overrides},
     )
 
 

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import torch
+from transformers import PretrainedConfig
 
 from .. import io, tasks
 from ..config import finetune_epochs, finetune_options
@@ -29,10 +30,32 @@ from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
 from .context import TrainingContext
 from .device import move_to
+from .head_input import fit_head_standardisers
 from .loop import LoopConfig, LoopSteps, TrainingLoop, loading_options, loop_speed
 from .optim import build_optimizer, build_scheduler
 from .seeding import epoch_order, training_subset
 from .tuned_features import check_store_features
+
+# Training items the head's input statistics are taken on (standardise_head_input).
+HEAD_STATISTICS_ROWS = 2048
+
+
+def head_overrides(options: dict, start) -> dict:
+    """The task model's config fields a preset's fine-tuning section sets: the head's standardised
+    input, and the body's dropout (`dropout`; the new head keeps the start's, as transformers'
+    classifier_dropout does). `start`: the checkpoint fine-tuning starts from."""
+    overrides = {}
+    if options.get("standardise_head_input"):
+        overrides["standardise_head_input"] = True
+    if "dropout" in options:
+        start_config, _ = PretrainedConfig.get_config_dict(str(start))
+        head = start_config.get("classifier_dropout")
+        overrides |= {
+            "hidden_dropout_prob": options["dropout"],
+            "attention_probs_dropout_prob": options["dropout"],
+            "classifier_dropout": start_config.get("hidden_dropout_prob", 0.1) if head is None else head,
+        }
+    return overrides
 
 
 @torch.no_grad()
@@ -79,20 +102,22 @@ def finetune(  # noqa: PLR0913 - a run's identity: what it trains, how long, on 
     full_train = len(train)
     if train_fraction < 1:
         train = [train[i] for i in training_subset(len(train), train_fraction)]
+    options = finetune_options(preset, task_name)
+    start = pretrained if setting.pretrains else inputs.bert
+    overrides = {**task.model_overrides(), **head_overrides(options, start)}
     if setting.pretrains:
         # The features stay centred on the pre-training images' mean, saved with the weights.
-        model = task.model_class.from_pretrained(pretrained, **task.model_overrides(), tune_frcnn=False)
+        model = task.model_class.from_pretrained(pretrained, **overrides, tune_frcnn=False)
     else:
         model, _ = build_model(
             task.model_class,
             preset,
             inputs.bert,
             inputs.detector_dir,
-            **task.model_overrides(),
+            **overrides,
             appearance_mean=feature_mean(e["regions"] for e in train),
         )
     model.to(device)
-    options = finetune_options(preset, task_name)
     batch_size = options["batch_size"]
     batches = math.ceil(len(train) / batch_size)
     # A fraction of the data gets the whole set's steps: more epochs over fewer examples.
@@ -115,6 +140,10 @@ def finetune(  # noqa: PLR0913 - a run's identity: what it trains, how long, on 
     def make_batch(epoch, b):
         order = epoch_order(len(train), seed, epoch)
         return task.collate([train[i] for i in order[b * batch_size : (b + 1) * batch_size]])
+
+    # Before the first step and again on a resume, where the checkpoint's copy of them replaces them.
+    statistics_batches = min(batches, math.ceil(HEAD_STATISTICS_ROWS / batch_size))
+    fit_head_standardisers(model, (make_batch(0, b) for b in range(statistics_batches)))
 
     def loss_fn(model, batch):
         out = model(**batch)

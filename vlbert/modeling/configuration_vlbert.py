@@ -26,6 +26,9 @@ class VLBertConfig(BertConfig):
         stem and C2, as VL-BERT's released configs (`IMAGE_FROZEN_BACKBONE_STAGES: [1, 2]`).
     visual_scale_text_init: initial value of the learnt scale on the visual embedding that text
         elements take (VL-BERT's `visual_scale_text_init`, 0 in its released configs).
+    standardise_head_input: a task head standardises its input per feature with statistics of
+        the fine-tuning set, stored with the weights (`vlbert.engine.head_input` takes them).
+    classifier_dropout: a task head's dropout (transformers' BertConfig field); None: hidden_dropout_prob.
     """
 
     model_type = "vlbert"
@@ -43,6 +46,7 @@ class VLBertConfig(BertConfig):
         end_token_id: int = 2,
         type_vocab_size: int = 3,
         visual_scale_text_init: float = 0.0,
+        standardise_head_input: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("attn_implementation", "sdpa")
@@ -62,6 +66,7 @@ class VLBertConfig(BertConfig):
         self.img_token_id = img_token_id
         self.end_token_id = end_token_id
         self.visual_scale_text_init = visual_scale_text_init
+        self.standardise_head_input = standardise_head_input
         # The models on AutoModel and AutoModelForPreTraining, which from_pretrained asks after
         # making the config (vlbert/auto.py: why not sooner).
         register_models()

@@ -583,14 +583,34 @@ class VLBertTaskOutput:
     losses: dict[str, torch.Tensor]
 
 
+class HeadInputStandardiser(nn.Module):
+    """(x - mean) / std per feature, with the fine-tuning set's statistics (buffers, saved with the
+    weights; set by `vlbert.engine.head_input` before the first step). A pre-trained encoder's states
+    share a large common part; what tells an item's candidates apart is small beside it, and a new
+    head at its initial scale does not see it."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(size))
+        self.register_buffer("std", torch.ones(size))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return (features - self.mean) / self.std
+
+
 def _classifier(config: VLBertConfig, outputs: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Dropout(config.hidden_dropout_prob),
+    # Copied from transformers.models.bert.modeling_bert.BertForSequenceClassification (its dropout)
+    dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    layers = [
+        nn.Dropout(dropout),
         nn.Linear(config.hidden_size, config.hidden_size),
         nn.GELU(),
         nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
         nn.Linear(config.hidden_size, outputs),
-    )
+    ]
+    if getattr(config, "standardise_head_input", False):
+        layers.insert(0, HeadInputStandardiser(config.hidden_size))
+    return nn.Sequential(*layers)
 
 
 class VLBertForVQA(VLBertPreTrainedModel):
