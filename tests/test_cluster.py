@@ -62,7 +62,7 @@ def cluster():
 
 
 def edited_profile(cluster, folder: Path) -> Path:
-    """workflow/profiles/slurm as the README tells a user to edit it: the partition, memory and
+    """workflow/profiles/slurm as docs/cluster.md tells a user to edit it: the partition, memory and
     cores per rule for this cluster's one node (the one-machine run's threads, so that the numbers
     can be compared); and, for jobs that last seconds, the first status check after one second
     instead of forty."""

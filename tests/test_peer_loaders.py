@@ -60,7 +60,7 @@ VLBERT_COCO = {
 
 def test_vqa_layout_reads_as_vlbert_reads_it(smoke_world):
     # VL-BERT's data path is the COCO root; it opens the question files one level down, in vqa/,
-    # where the synthetic folder has them beside the images (the README says how to point it here).
+    # where the synthetic folder has them beside the images (docs/synthetic_world.md says how to point it here).
     root = smoke_world / "vqa"
     vocabulary = [w.lower().strip() for w in (root / "answers_vqa.txt").read_text().splitlines()]
     vocabulary = [w for w in vocabulary if w != ""]

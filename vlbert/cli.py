@@ -64,7 +64,7 @@ def _add_evaluate_verb(verbs) -> None:
     p = verbs.add_parser(
         "evaluate",
         help="score predictions with the official metrics",
-        description="Score prediction files with the official metrics (README: which official "
+        description="Score prediction files with the official metrics (docs/evaluation.md: which official "
         "version each follows). Predictions must cover exactly the annotated questions.",
     )
     tasks = p.add_subparsers(dest="task", required=True, metavar="<task>")

@@ -2,7 +2,7 @@
 
 A task reads its split with the data set's reader and its regions from the feature stores its
 registry entry names, turns examples into batches for its head, turns outputs into predictions
-(VQA's official result format; the project's JSON for VCR and RefCOCO+: README, "Readers and
+(VQA's official result format; the project's JSON for VCR and RefCOCO+: docs/evaluation.md, "Readers and
 metrics"), and scores them with the official metric (vlbert.evaluation), so that `vlbert
 evaluate` on the written predictions gives the same figure.
 """
