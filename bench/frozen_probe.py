@@ -36,7 +36,8 @@ from vlbert.data.synthetic.world import COLOURS as WORLD_COLOURS
 from vlbert.data.synthetic.world import SHAPES
 from vlbert.engine.build import build_model, load_processor
 from vlbert.modeling.configuration_vlbert import SEGMENT_IMAGE
-from vlbert.modeling.modeling_vlbert import VLBertForPreTraining, vqa_loss
+from vlbert.modeling.heads import vqa_loss
+from vlbert.modeling.modeling_vlbert import VLBertForPreTraining
 from vlbert.registry import setting as setting_entry
 from vlbert.tasks.regions import feature_mean, with_other_images
 

@@ -13,7 +13,7 @@ from vlbert.engine.grounding import (
     pixel_attention_share,
     probe_batches,
 )
-from vlbert.modeling.modeling_vlbert import IGNORE_INDEX
+from vlbert.modeling.heads import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -408,7 +408,7 @@ def test_encodings_repeat_the_tokenizer_word_for_word_through_its_memo(monkeypat
 
 
 def test_masked_roi_loss_is_soft_cross_entropy_on_the_detector_distribution():
-    from vlbert.modeling.modeling_vlbert import masked_roi_loss
+    from vlbert.modeling.heads import masked_roi_loss
 
     logits = torch.randn(2, 3, 5)
     hard = torch.tensor([[-100, 2, -100], [4, -100, -100]])

@@ -113,7 +113,7 @@ def test_the_task_head_takes_its_own_rate_and_nothing_else_does():
 
 def test_the_head_input_statistics_are_the_training_rows_with_padding_left_out():
     from vlbert.engine.head_input import fit_head_standardisers
-    from vlbert.modeling.modeling_vlbert import HeadInputStandardiser
+    from vlbert.modeling.heads import HeadInputStandardiser
 
     class Head(torch.nn.Module):
         def __init__(self):
@@ -1491,3 +1491,24 @@ def test_continue_trial_needs_a_sweep_folder(smoke_study, tmp_path, capsys):
         == 2
     )
     assert "--continue-trial needs --lr-from with a sweep folder" in capsys.readouterr().err
+
+
+def test_without_a_rate_each_task_takes_its_presets(smoke_study, tmp_path, capsys):
+    args = ["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "refcoco_gt", "--seed", "0"]
+    assert main([*args, "--out", str(tmp_path / "out"), *study_args(smoke_study)]) == 0
+    preset = yaml.safe_load(smoke_study["preset"].read_text())["finetune"]
+    for task, section in (("vcr_q2a", "vcr"), ("refcoco_gt", "refcoco")):
+        assert _metrics(tmp_path / "out" / task / "seed0")["lr"] == preset[section]["lr"]
+    both = ["--lr", "0.001", "--lr-from", str(tmp_path / "best.json")]
+    assert main([*args, *both, "--out", str(tmp_path / "both"), *study_args(smoke_study)]) == 2
+    assert "give at most one of --lr and --lr-from" in capsys.readouterr().err
+
+
+def test_a_task_without_a_rate_anywhere_is_refused_naming_the_key(smoke_study, tmp_path, capsys):
+    preset = yaml.safe_load(smoke_study["preset"].read_text())
+    del preset["finetune"]["vqa"]["lr"]
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset))
+    args = ["finetune", "--setting", "no_pretrain", "--task", "vqa", "--seed", "0", "--out", str(tmp_path / "out")]
+    assert main([*args, *study_args(smoke_study), "--config", str(tmp_path / "preset.yaml")]) == 2
+    assert "finetune.vqa.lr is not set; give --lr or --lr-from for vqa" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

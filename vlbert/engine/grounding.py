@@ -21,8 +21,9 @@ import torch
 
 from ..data.synthetic.language import plural
 from ..data.synthetic.world import COLOURS, SHAPES, SIZES
+from ..modeling.heads import IGNORE_INDEX
 from ..modeling.modeling_pixelbert import PixelBertModel, PixelBertModelOutput
-from ..modeling.modeling_vlbert import IGNORE_INDEX, VLBertModel
+from ..modeling.modeling_vlbert import VLBertModel
 from .device import move_to
 from .pretrain import other_image_order
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..modeling.modeling_vlbert import HeadInputStandardiser
+from ..modeling.heads import HeadInputStandardiser
 from .device import move_to
 
 # Features whose spread is below this are centred, not blown up.

@@ -41,17 +41,16 @@ from ..detection.model import WEIGHTS_FILE, C4Backbone, C5Head, DetectorConfig
 from .configuration_pixelbert import PixelBertConfig
 from .configuration_vlbert import SEGMENT_IMAGE
 from .fast_rcnn import IMAGE_MEAN, IMAGE_STD
-from .modeling_vlbert import (
+from .heads import (
     IGNORE_INDEX,
-    VisualInputs,
-    VLBertPreTrainedModel,
     VLBertPreTrainingOutput,
     VLBertTaskOutput,
-    _classifier,
     referring_loss,
     relation_loss,
+    task_classifier,
     vqa_loss,
 )
+from .modeling_vlbert import VisualInputs, VLBertPreTrainedModel
 
 # The 2x2 max-pool applies (pixel_pool=None) when the map has at least this many cells on its
 # shorter side, so that the pooled one keeps at least half as many.
@@ -418,7 +417,7 @@ class PixelBertForVQA(PixelBertPreTrainedModel):
         self.pixelbert = PixelBertModel(config, initialise=False)
         if config.num_answers < 1:
             raise ValueError("PixelBertForVQA needs config.num_answers (the answer vocabulary size)")
-        self.classifier = _classifier(config, config.num_answers)
+        self.classifier = task_classifier(config, config.num_answers)
         self.post_init()
 
     def forward(
@@ -449,7 +448,7 @@ class PixelBertForVCR(PixelBertPreTrainedModel):
     def __init__(self, config: PixelBertConfig):
         super().__init__(config)
         self.pixelbert = PixelBertModel(config, initialise=False)
-        self.classifier = _classifier(config, 1)
+        self.classifier = task_classifier(config, 1)
         self.post_init()
 
     def forward(
@@ -481,7 +480,7 @@ class PixelBertForRefCOCO(PixelBertPreTrainedModel):
     def __init__(self, config: PixelBertConfig):
         super().__init__(config)
         self.pixelbert = PixelBertModel(config, initialise=False)
-        self.classifier = _classifier(config, 1)
+        self.classifier = task_classifier(config, 1)
         self.post_init()
 
     def forward(

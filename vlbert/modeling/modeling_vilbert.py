@@ -35,18 +35,17 @@ from transformers.models.bert.modeling_bert import (
 )
 
 from .configuration_vilbert import ViLBertConfig
-from .modeling_vlbert import (
+from .heads import (
     IGNORE_INDEX,
     MaskedRoIHead,
-    VisualInputs,
-    VLBertPreTrainedModel,
     VLBertPreTrainingOutput,
     VLBertTaskOutput,
-    _classifier,
     referring_loss,
     relation_loss,
+    task_classifier,
     vqa_loss,
 )
+from .modeling_vlbert import VisualInputs, VLBertPreTrainedModel
 
 
 class ViLBertRegionEmbeddings(nn.Module):
@@ -308,7 +307,7 @@ class ViLBertForVQA(ViLBertPreTrainedModel):
         self.vilbert = ViLBertModel(config, initialise=False)
         if config.num_answers < 1:
             raise ValueError("ViLBertForVQA needs config.num_answers (the answer vocabulary size)")
-        self.classifier = _classifier(config, config.num_answers)
+        self.classifier = task_classifier(config, config.num_answers)
         self.post_init()
 
     def forward(
@@ -328,7 +327,7 @@ class ViLBertForVCR(ViLBertPreTrainedModel):
     def __init__(self, config: ViLBertConfig):
         super().__init__(config)
         self.vilbert = ViLBertModel(config, initialise=False)
-        self.classifier = _classifier(config, 1)
+        self.classifier = task_classifier(config, 1)
         self.post_init()
 
     def forward(
@@ -359,7 +358,7 @@ class ViLBertForRefCOCO(ViLBertPreTrainedModel):
     def __init__(self, config: ViLBertConfig):
         super().__init__(config)
         self.vilbert = ViLBertModel(config, initialise=False)
-        self.classifier = _classifier(config, 1)
+        self.classifier = task_classifier(config, 1)
         self.post_init()
 
     def forward(

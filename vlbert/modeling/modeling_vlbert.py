@@ -9,9 +9,10 @@ its appearance (its geometry stays). The encoder is transformers' BertModel (att
 and position embeddings and the LayerNorm are BERT's own.
 
 Reading order: weight init, visual embeddings, `VLBertPreTrainedModel` (init, checkpoints),
-`VLBertModel`, then one class per head. The classes are transformers `PreTrainedModel`s:
-`save_pretrained` / `from_pretrained` write and read safetensors plus config.json, and
-`import vlbert` registers them with AutoConfig / AutoModel / AutoModelForPreTraining.
+`VLBertModel`, then one class per head (the heads and losses every family shares: `heads.py`).
+The classes are transformers `PreTrainedModel`s: `save_pretrained` / `from_pretrained` write and
+read safetensors plus config.json, and `import vlbert` registers them with AutoConfig / AutoModel /
+AutoModelForPreTraining.
 """
 
 from __future__ import annotations
@@ -34,9 +35,17 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .configuration_vlbert import VLBertConfig
 from .fast_rcnn import FastRCNN
-
-IGNORE_INDEX = -100
-
+from .heads import (
+    IGNORE_INDEX,
+    MaskedRoIHead,
+    VLBertPreTrainingOutput,
+    VLBertTaskOutput,
+    masked_roi_loss,
+    referring_loss,
+    relation_loss,
+    task_classifier,
+    vqa_loss,
+)
 
 _TRANSFORMERS_LOADER = "transformers.modeling_utils"  # the logger of transformers' LOAD REPORT
 
@@ -449,68 +458,6 @@ class VLBertModel(VLBertPreTrainedModel):
         return output.last_hidden_state
 
 
-class MaskedRoIHead(nn.Module):
-    def __init__(self, config: VLBertConfig):
-        super().__init__()
-        # Adapted from transformers.models.bert.modeling_bert.BertPredictionHeadTransform (dense,
-        # GELU, LayerNorm), then a classifier over the detector's classes.
-        self.transform = nn.Sequential(
-            nn.Linear(config.hidden_size, config.hidden_size),
-            nn.GELU(),
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
-        )
-        self.classifier = nn.Linear(config.hidden_size, config.num_visual_classes)
-
-    def forward(self, roi_hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.transform(roi_hidden))
-
-
-def masked_roi_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
-    """labels: [B, R] class ids (IGNORE_INDEX where not masked), or [B, R, C] class distributions
-    (all zeros where not masked): soft cross-entropy, as VL-BERT's released code trains it on the
-    detector's class probabilities. The mean is over masked RoIs."""
-    if labels is None:
-        return None
-    if labels.dim() == logits.dim():
-        masked = labels.sum(-1) > 0
-        if not bool(masked.any()):
-            return None
-        return -(labels[masked] * logits[masked].log_softmax(-1)).sum(-1).mean()
-    if not bool((labels != IGNORE_INDEX).any()):
-        return None
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-
-
-def relation_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
-    """Binary cross-entropy of the sentence-image relation (1: the caption is the image's, 0:
-    another image's) over the examples that have one (label >= 0); None without any."""
-    if labels is None or not bool((labels >= 0).any()):
-        return None
-    keep = labels >= 0
-    return F.binary_cross_entropy_with_logits(logits[keep], labels[keep].float())
-
-
-def vqa_loss(logits: torch.Tensor, answer_scores: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy on the soft VQA scores, summed over answers as VL-BERT does: the mean
-    would shrink with the vocabulary."""
-    return F.binary_cross_entropy_with_logits(logits, answer_scores) * answer_scores.shape[1]
-
-
-def referring_loss(logits: torch.Tensor, roi_targets: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy per candidate region (targets 1 / 0; -1: not a candidate)."""
-    keep = roi_targets >= 0
-    return F.binary_cross_entropy_with_logits(logits[keep], roi_targets[keep].float())
-
-
-@dataclass
-class VLBertPreTrainingOutput:
-    loss: torch.Tensor | None
-    losses: dict[str, torch.Tensor]
-    mlm_logits: torch.Tensor  # [B, L, V]; with mlm_labels, [masked positions, V]
-    roi_logits: torch.Tensor
-    relation_logits: torch.Tensor
-
-
 class VLBertForPreTraining(VLBertPreTrainedModel):
     """Masked language modelling with visual clues (and on text-only input), masked RoI
     classification with linguistic clues, and sentence-image relation prediction on [CLS]."""
@@ -576,43 +523,6 @@ class VLBertForPreTraining(VLBertPreTrainedModel):
         return VLBertPreTrainingOutput(loss, losses, mlm_logits, roi_logits, relation_logits)
 
 
-@dataclass
-class VLBertTaskOutput:
-    loss: torch.Tensor | None
-    logits: torch.Tensor
-    losses: dict[str, torch.Tensor]
-
-
-class HeadInputStandardiser(nn.Module):
-    """(x - mean) / std per feature, with the fine-tuning set's statistics (buffers, saved with the
-    weights; set by `vlbert.engine.head_input` before the first step). A pre-trained encoder's states
-    share a large common part; what tells an item's candidates apart is small beside it, and a new
-    head at its initial scale does not see it."""
-
-    def __init__(self, size: int):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(size))
-        self.register_buffer("std", torch.ones(size))
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return (features - self.mean) / self.std
-
-
-def _classifier(config: VLBertConfig, outputs: int) -> nn.Sequential:
-    # Copied from transformers.models.bert.modeling_bert.BertForSequenceClassification (its dropout)
-    dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    layers = [
-        nn.Dropout(dropout),
-        nn.Linear(config.hidden_size, config.hidden_size),
-        nn.GELU(),
-        nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
-        nn.Linear(config.hidden_size, outputs),
-    ]
-    if getattr(config, "standardise_head_input", False):
-        layers.insert(0, HeadInputStandardiser(config.hidden_size))
-    return nn.Sequential(*layers)
-
-
 class VLBertForVQA(VLBertPreTrainedModel):
     """The answer is read at a [MASK] in the answer slot: a classifier over the answer vocabulary,
     trained with binary cross-entropy on the soft VQA scores."""
@@ -622,7 +532,7 @@ class VLBertForVQA(VLBertPreTrainedModel):
         self.vlbert = VLBertModel(config, initialise=False)
         if config.num_answers < 1:
             raise ValueError("VLBertForVQA needs config.num_answers (the answer vocabulary size)")
-        self.classifier = _classifier(config, config.num_answers)
+        self.classifier = task_classifier(config, config.num_answers)
         self.post_init()
 
     def forward(
@@ -652,7 +562,7 @@ class VLBertForVCR(VLBertPreTrainedModel):
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
         self.vlbert = VLBertModel(config, initialise=False)
-        self.classifier = _classifier(config, 1)
+        self.classifier = task_classifier(config, 1)
         self.roi_head = MaskedRoIHead(config)
         self.post_init()
 
@@ -689,7 +599,7 @@ class VLBertForRefCOCO(VLBertPreTrainedModel):
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
         self.vlbert = VLBertModel(config, initialise=False)
-        self.classifier = _classifier(config, 1)
+        self.classifier = task_classifier(config, 1)
         self.post_init()
 
     def forward(

@@ -307,15 +307,13 @@ def finetune(args) -> int:
     from .sweep import continue_trial
 
     chosen = setting(args.setting)
-    if (args.lr is None) == (args.lr_from is None):
-        raise ValueError("give exactly one of --lr and --lr-from")
+    if args.lr is not None and args.lr_from is not None:
+        raise ValueError("give at most one of --lr and --lr-from")
     if args.continue_trial and args.train_fraction < 1:
         raise ValueError("--continue-trial continues a sweep's trial, which trained on the whole training set")
     if args.continue_trial and not (args.lr_from and Path(args.lr_from).is_dir()):
         raise ValueError("--continue-trial needs --lr-from with a sweep folder (its <task>/trials/ hold the runs)")
-    lrs = {
-        task: args.lr if args.lr is not None else _swept_lr(args.lr_from, task, len(args.task)) for task in args.task
-    }
+    lrs = {task: _chosen_lr(args, task) for task in args.task}
     # Every (task, seed) runs one after the other in this process (the imports paid once), each
     # its own MLflow run: in OUT itself for a single one, else in OUT/<task>/seed<N>/.
     runs = [(task, seed) for task in args.task for seed in args.seed]
@@ -344,6 +342,22 @@ def finetune(args) -> int:
                 f"(epoch {metrics['best_epoch']}), test {metrics['test']['accuracy']:.2f}"
             )
     return 0
+
+
+def _chosen_lr(args, task: str) -> float:
+    """--lr, else the rate a sweep chose (--lr-from), else the preset's `finetune.<task>.lr`."""
+    from ..config import finetune_options, load_config
+    from ..registry import task as task_spec
+
+    if args.lr is not None:
+        return args.lr
+    if args.lr_from is not None:
+        return _swept_lr(args.lr_from, task, len(args.task))
+    options = finetune_options(load_config(args.config), task)
+    if "lr" not in options:
+        key = f"finetune.{task_spec(task).options_key}.lr"
+        raise ValueError(f"{args.config}: {key} is not set; give --lr or --lr-from for {task}")
+    return float(options["lr"])
 
 
 def _swept_lr(lr_from: str, task: str, tasks: int) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..data.feature_store import FeatureStore
-from ..modeling.modeling_vlbert import IGNORE_INDEX
+from ..modeling.heads import IGNORE_INDEX
 from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
 from .regions import regions_of, visual_batch
 
