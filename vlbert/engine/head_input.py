@@ -23,7 +23,7 @@ def fit_head_standardisers(model: torch.nn.Module, batches: Iterable[dict]) -> i
     standardisers = [module for module in model.modules() if isinstance(module, HeadInputStandardiser)]
     if not standardisers:
         return 0
-    sums: dict[int, list] = {}
+    sums: dict[int, tuple] = {}  # per standardiser: rows, their sum, their sum of squares
 
     def observe(module, args):
         rows = args[0].detach().reshape(-1, args[0].shape[-1]).double()
