@@ -302,6 +302,7 @@ def pretrain(args) -> int:
 def finetune(args) -> int:
     """Fine-tune on each task with its learning rate and each seed: per-epoch validation, best epoch
     kept, test scored once; predictions written as `vlbert evaluate` reads them."""
+    from ..config import load_config
     from ..engine.finetune import finetune as finetune_setting
     from ..registry import setting
     from .sweep import continue_trial
@@ -313,7 +314,8 @@ def finetune(args) -> int:
         raise ValueError("--continue-trial continues a sweep's trial, which trained on the whole training set")
     if args.continue_trial and not (args.lr_from and Path(args.lr_from).is_dir()):
         raise ValueError("--continue-trial needs --lr-from with a sweep folder (its <task>/trials/ hold the runs)")
-    lrs = {task: _chosen_lr(args, task) for task in args.task}
+    preset = None if args.lr is not None or args.lr_from is not None else load_config(args.config)
+    lrs = {task: _chosen_lr(args, task, preset) for task in args.task}
     # Every (task, seed) runs one after the other in this process (the imports paid once), each
     # its own MLflow run: in OUT itself for a single one, else in OUT/<task>/seed<N>/.
     runs = [(task, seed) for task in args.task for seed in args.seed]
@@ -344,16 +346,16 @@ def finetune(args) -> int:
     return 0
 
 
-def _chosen_lr(args, task: str) -> float:
+def _chosen_lr(args, task: str, preset: dict | None) -> float:
     """--lr, else the rate a sweep chose (--lr-from), else the preset's `finetune.<task>.lr`."""
-    from ..config import finetune_options, load_config
+    from ..config import finetune_options
     from ..registry import task as task_spec
 
     if args.lr is not None:
         return args.lr
     if args.lr_from is not None:
         return _swept_lr(args.lr_from, task, len(args.task))
-    options = finetune_options(load_config(args.config), task)
+    options = finetune_options(preset, task)
     if "lr" not in options:
         key = f"finetune.{task_spec(task).options_key}.lr"
         raise ValueError(f"{args.config}: {key} is not set; give --lr or --lr-from for {task}")
