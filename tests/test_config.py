@@ -184,3 +184,34 @@ def test_a_data_root_of_its_own_is_fine(tmp_path, monkeypatch):
         config = _smoke()
         config["data"]["root"] = root
         assert load_config(_write(tmp_path, config))["data"]["root"] == root
+
+
+def _differ(where: str, schema_keys, registry_keys) -> list[str]:
+    """Each key one side has and the other lacks, by its path in a preset."""
+    missing, extra = sorted(set(registry_keys) - set(schema_keys)), sorted(set(schema_keys) - set(registry_keys))
+    return [f"{where}.{k}: in vlbert/registry.py, missing from the schema" for k in missing] + [
+        f"{where}.{k}: in the schema, not in vlbert/registry.py" for k in extra
+    ]
+
+
+def test_the_schema_names_the_registry_s_tasks_families_and_data_sets():
+    """A schema is data and cannot read the registry, so it restates these keys: a task's
+    options_key, a family or a data set added without its schema entry fails here, by name."""
+    from vlbert.config import load_schema
+    from vlbert.registry import DATASETS, FAMILIES, TASKS
+
+    schema = load_schema()["properties"]
+    options_keys = {spec.options_key for spec in TASKS.values()}
+    finetune = schema["finetune"]["properties"]
+    task_sections = [key for key, section in finetune.items() if section.get("$ref") == "#/$defs/finetune_task"]
+    (lrs,) = [form for form in schema["sweep"]["properties"]["lrs"]["oneOf"] if form.get("type") == "object"]
+    synthetic = schema["data"]["properties"]["synthetic"]
+    differ = [
+        *_differ("finetune", task_sections, options_keys),
+        *_differ("sweep.lrs", lrs["properties"], options_keys),
+        *_differ("sweep.lrs", lrs["required"], options_keys),  # its per-section form takes every key
+        *_differ("systems", schema["systems"]["items"]["enum"], FAMILIES),
+        *_differ("data.synthetic", set(synthetic["required"]) - {"image_size"}, DATASETS),
+        *_differ("data.paths", schema["data"]["properties"]["paths"]["properties"], DATASETS),
+    ]
+    assert not differ, "\n".join(dict.fromkeys(differ))

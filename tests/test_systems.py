@@ -30,6 +30,12 @@ def test_every_family_names_a_class_for_pre_training_and_every_head():
         family_settings(["lxmert"])
 
 
+def test_every_family_s_systems_rows_are_its_own_settings():
+    for family in FAMILIES.values():
+        assert family.system_rows and set(family.system_rows) <= set(family_settings([family.name])), family.name
+        assert family.finetune_cost > 0 and family.pretrain_cost > 0
+
+
 def test_only_the_no_pretrain_rows_skip_pre_training():
     assert {name for name, s in SETTINGS.items() if not s.pretrains} == {
         "no_pretrain",

@@ -19,15 +19,16 @@ from __future__ import annotations
 import sys
 from importlib.abc import MetaPathFinder
 
+from . import registry  # plain dataclasses: `import vlbert` stays light
+
 AUTO_CONFIG_MODULE = "transformers.models.auto.configuration_auto"
-# Per model family: its configuration module and config class, its modeling module and the
+# Per model family (vlbert.registry.FAMILIES): its config class, its modeling module and the
 # classes that go on AutoModel and AutoModelForPreTraining.
 FAMILIES = {
-    "vlbert": ("VLBertConfig", "modeling_vlbert", "VLBertModel", "VLBertForPreTraining"),
-    "vilbert": ("ViLBertConfig", "modeling_vilbert", "ViLBertModel", "ViLBertForPreTraining"),
-    "pixelbert": ("PixelBertConfig", "modeling_pixelbert", "PixelBertModel", "PixelBertForPreTraining"),
+    name: (f.config_class, f.modeling_module, f.model_class, f.pretraining_class)
+    for name, f in registry.FAMILIES.items()
 }
-CONFIG_MODULE = "vlbert.modeling.configuration_{}"
+CONFIG_MODULE = "vlbert.modeling.configuration_{}"  # ModelFamily.configuration_module
 _models_registered = False
 
 

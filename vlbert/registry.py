@@ -3,8 +3,10 @@
 These strings are the Snakemake wildcards, the CLI choices, the MLflow tags and the report's
 rows and columns; nothing else defines them. A task's entry also says which feature stores and
 data set splits it reads, its head, its preset section and its Table 4 column, so a new task is
-one entry here and its adapter in vlbert/tasks/. A model family's entry names its classes, so a
-new family is one entry here, its rows in SETTINGS, and its files in vlbert/modeling/.
+one entry here and its adapter in vlbert/tasks/. A model family's entry names its classes (which
+vlbert.modeling loads and vlbert/auto.py puts on transformers' Auto classes), its cost to the
+workflow's scheduler and its rows in the systems table, so a new family is one entry here, its rows
+in SETTINGS, and its files in vlbert/modeling/.
 """
 
 from __future__ import annotations
@@ -21,23 +23,70 @@ class ModelFamily:
     title: str  # the report's name for it
     pretraining_class: str
     head_classes: dict[str, str]  # per task head (TaskSpec.head): its class
+    config_class: str  # in configuration_<name>.py; its model_type is the family's name
+    model_class: str  # the encoder, AutoModel's class for the family
+    # The workflow's scheduling weights (workflow/rules/common.smk): a fine-tuning job and a
+    # pre-training run's base, in VL-BERT fine-tuning jobs. Rough ratios of the reference mini run
+    # (reports/reference/mini/README.md, "Where the time goes"); they need only be roughly right.
+    finetune_cost: float
+    pretrain_cost: float
+    system_rows: tuple[str, ...]  # its settings in the systems table, in the table's order
     # Masked regions: their pixels zeroed and features recomputed by the Fast R-CNN module
     # (VL-BERT), or their cached features zeroed (ViLBERT).
     masks_region_pixels: bool = True
     reads_pixels: bool = False  # its visual input is the image itself (Pixel-BERT), not regions
 
+    @property
+    def configuration_module(self) -> str:
+        """The vlbert.modeling module of its config class."""
+        return f"configuration_{self.name}"
+
+    @property
+    def modeling_module(self) -> str:
+        """The vlbert.modeling module of its encoder, pre-training model and heads."""
+        return f"modeling_{self.name}"
+
 
 def _family(name: str, title: str, prefix: str, **facts) -> ModelFamily:
     heads = {head: f"{prefix}For{suffix}" for head, suffix in (("vqa", "VQA"), ("vcr", "VCR"), ("refcoco", "RefCOCO"))}
-    return ModelFamily(name, title, f"{prefix}ForPreTraining", heads, **facts)
+    classes = {"config_class": f"{prefix}Config", "model_class": f"{prefix}Model"}
+    return ModelFamily(name, title, f"{prefix}ForPreTraining", heads, **classes, **facts)
 
 
+# Costs: Pixel-BERT runs a CNN on every image of every step, ViLBERT's second stream adds a visual
+# transformer and co-attention. Systems rows: without pre-training, (ablations,) pre-trained;
+# VL-BERT's `c` has ViLBERT's objectives (masked words, masked regions, sentence-image relation;
+# frozen detector, no corpus).
 FAMILIES = {
     f.name: f
     for f in (
-        _family("vlbert", "VL-BERT", "VLBert"),
-        _family("vilbert", "ViLBERT", "ViLBert", masks_region_pixels=False),
-        _family("pixelbert", "Pixel-BERT", "PixelBert", masks_region_pixels=False, reads_pixels=True),
+        _family(
+            "vlbert",
+            "VL-BERT",
+            "VLBert",
+            finetune_cost=1.0,
+            pretrain_cost=0.5,
+            system_rows=("no_pretrain", "c", "full"),
+        ),
+        _family(
+            "vilbert",
+            "ViLBERT",
+            "ViLBert",
+            finetune_cost=1.6,
+            pretrain_cost=0.8,
+            system_rows=("vilbert_no_pretrain", "vilbert"),
+            masks_region_pixels=False,
+        ),
+        _family(
+            "pixelbert",
+            "Pixel-BERT",
+            "PixelBert",
+            finetune_cost=3.3,
+            pretrain_cost=2.75,
+            system_rows=("pixelbert_no_pretrain", "pixelbert_no_sampling", "pixelbert"),
+            masks_region_pixels=False,
+            reads_pixels=True,
+        ),
     )
 }
 

@@ -10,28 +10,19 @@ from __future__ import annotations
 
 import importlib
 
-# Each name and the module that defines it.
+from ..registry import FAMILIES as _FAMILIES
+
+# Each name and the module that defines it: the family-independent ones, then each family's
+# classes as its registry entry names them.
 _MODULES = {
-    "VLBertConfig": "configuration_vlbert",
     "FastRCNN": "fast_rcnn",
-    "VLBertForPreTraining": "modeling_vlbert",
-    "VLBertForRefCOCO": "modeling_vlbert",
-    "VLBertForVCR": "modeling_vlbert",
-    "VLBertForVQA": "modeling_vlbert",
-    "VLBertModel": "modeling_vlbert",
     "VLBertProcessor": "processing_vlbert",
-    "ViLBertConfig": "configuration_vilbert",
-    "ViLBertForPreTraining": "modeling_vilbert",
-    "ViLBertForRefCOCO": "modeling_vilbert",
-    "ViLBertForVCR": "modeling_vilbert",
-    "ViLBertForVQA": "modeling_vilbert",
-    "ViLBertModel": "modeling_vilbert",
-    "PixelBertConfig": "configuration_pixelbert",
-    "PixelBertForPreTraining": "modeling_pixelbert",
-    "PixelBertForRefCOCO": "modeling_pixelbert",
-    "PixelBertForVCR": "modeling_pixelbert",
-    "PixelBertForVQA": "modeling_pixelbert",
-    "PixelBertModel": "modeling_pixelbert",
+    **{f.config_class: f.configuration_module for f in _FAMILIES.values()},
+    **{
+        name: f.modeling_module
+        for f in _FAMILIES.values()
+        for name in (f.model_class, f.pretraining_class, *f.head_classes.values())
+    },
 }
 
 

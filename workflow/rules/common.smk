@@ -119,19 +119,14 @@ def task_features(wildcards):
 # The scheduler's priorities: the job whose chain (pretrain [-> tune_features] -> sweep -> seeds)
 # has the most work left goes first when cores are short (critical-path list scheduling), so that
 # no long chain is left to run alone at the end. Work is counted in VL-BERT fine-tuning jobs (a
-# sweep or a seeds job of a VL-BERT row): Pixel-BERT runs a CNN on every image of every step,
-# ViLBERT's second stream adds a visual transformer and co-attention. Rough ratios of the reference
-# mini run (reports/reference/mini/README.md, "Where the time goes"); they need only be roughly right.
-FINETUNE_COST = {"vlbert": 1.0, "vilbert": 1.6, "pixelbert": 3.3}
-PRETRAIN_COST = {"vlbert": 0.5, "vilbert": 0.8, "pixelbert": 2.75}
-
-
+# sweep or a seeds job of a VL-BERT row); each family's weights are its registry entry's
+# (ModelFamily.finetune_cost, .pretrain_cost).
 def pretrain_cost(setting) -> float:
     """Pre-training in the same units: masking region pixels runs the Fast R-CNN module once
     more, the text corpus adds a text-only half batch, tuning Fast R-CNN backpropagates through it."""
     if not setting.pretrains:
         return 0.0
-    cost = PRETRAIN_COST[setting.family]
+    cost = setting.model_family.pretrain_cost
     cost *= 2 if setting.masked_roi and setting.model_family.masks_region_pixels else 1
     return cost * (1.6 if setting.text_corpus else 1) * (2.5 if setting.tune_frcnn else 1)
 
@@ -142,7 +137,7 @@ def chain_priority(stage):
 
     def priority(wildcards):
         setting = SETTINGS[wildcards.setting]
-        left = finetune_jobs_left * FINETUNE_COST[setting.family]
+        left = finetune_jobs_left * setting.model_family.finetune_cost
         return round(10 * (left + (pretrain_cost(setting) if stage == "pretrain" else 0)))
     return priority
 
@@ -152,7 +147,7 @@ def extract_priority(wildcards):
     rows' sweeps, the longest of which (the costliest family's) heads one of the longest chains."""
     if wildcards.dataset == "conceptual_captions":
         return 100
-    return round(10 * 2 * max(FINETUNE_COST[SETTINGS[name].family] for name in STUDY_SETTINGS))
+    return round(10 * 2 * max(SETTINGS[name].model_family.finetune_cost for name in STUDY_SETTINGS))
 
 
 def finetune_outputs():

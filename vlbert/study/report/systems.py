@@ -1,9 +1,9 @@
 """The systems table: VL-BERT, ViLBERT and Pixel-BERT under one protocol, beside their papers.
 
-Rows are each system without and with pre-training (VL-BERT: `no_pretrain` and `full`; Pixel-BERT
-also without pixel sampling), columns Table 4's tasks; the published figures sit beside ours with
-their provenance ("-" where none exists), then the published controlled comparison (VOLTA), the
-findings the sources state, and each system's size.
+Rows are each system without and with pre-training (its ModelFamily.system_rows: VL-BERT's also
+`c`, ViLBERT's objectives; Pixel-BERT's also without pixel sampling), columns Table 4's tasks; the
+published figures sit beside ours with their provenance ("-" where none exists), then the published
+controlled comparison (VOLTA), the findings the sources state, and each system's size.
 """
 
 from __future__ import annotations
@@ -29,13 +29,8 @@ SYSTEM_FINDING_TEXT = {
     "pixel_sampling_helps": "random pixel sampling helps (pixelbert vs pixelbert_no_sampling)",
     "pixelbert_pretrain_helps": "pre-training helps Pixel-BERT (pixelbert vs pixelbert_no_pretrain)",
 }
-# Each system's rows: without pre-training, (ablations,) pre-trained. VL-BERT's `c` has ViLBERT's
-# objectives (masked words, masked regions, sentence-image relation; frozen detector, no corpus).
-SYSTEM_ROWS = {
-    "vlbert": ("no_pretrain", "c", "full"),
-    "vilbert": ("vilbert_no_pretrain", "vilbert"),
-    "pixelbert": ("pixelbert_no_pretrain", "pixelbert_no_sampling", "pixelbert"),
-}
+# Each system's rows: without pre-training, (ablations,) pre-trained (ModelFamily.system_rows).
+SYSTEM_ROWS = {name: family.system_rows for name, family in FAMILIES.items()}
 RECALLED = " †"
 
 
@@ -188,7 +183,8 @@ def figure_systems(table: pd.DataFrame, path: Path) -> None:
     """Per task, each system's rows as bars (mean ± std over seeds)."""
     rows = system_settings(table)
     fig, axes = plt.subplots(1, len(TABLE4_TASKS), figsize=(4 * len(TABLE4_TASKS), 3.6), squeeze=False)
-    colours = {"vlbert": "tab:blue", "vilbert": "tab:orange", "pixelbert": "tab:green"}
+    # One colour a family, in FAMILIES' order (tab:blue, tab:orange, tab:green, ...), so a new family has one.
+    colours = {name: plt.cm.tab10(k % 10) for k, name in enumerate(FAMILIES)}
     for k, task in enumerate(TABLE4_TASKS):
         ax = axes[0, k]
         means = [table.loc[s, f"{task}_mean"] for s in rows]
