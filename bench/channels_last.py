@@ -30,7 +30,7 @@ from vlbert.modeling import (
     VLBertForPreTraining,
     VLBertProcessor,
 )
-from vlbert.modeling.modeling_vlbert import VisualInputs
+from vlbert.modeling.inputs import VisualInputs
 from vlbert.modeling.processing_vlbert import pad_batch
 
 # The mini preset's BERT; BERT's vocabulary, as VLBertProcessor.from_pretrained() encodes with it.

@@ -35,7 +35,7 @@ from vlbert.modeling import (
     VLBertForPreTraining,
     VLBertProcessor,
 )
-from vlbert.modeling.modeling_vlbert import VisualInputs
+from vlbert.modeling.inputs import VisualInputs
 from vlbert.modeling.processing_vlbert import pad_batch
 
 SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512, vocab_size=30522)

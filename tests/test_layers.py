@@ -4,6 +4,8 @@ import ast
 
 from conftest import REPO
 
+from vlbert.registry import FAMILIES
+
 # registry at the ground floor; cli on top. auto.py is below modeling: the configurations register
 # themselves through it, and it imports the model families only when transformers asks.
 LAYERS = (
@@ -24,20 +26,25 @@ LAYERS = (
 )
 
 
-def _imported_modules(path, package: list[str]) -> list[str]:
-    names = []
+def _imports(path, package: list[str]) -> list[tuple[str, list[str]]]:
+    """Each module the file imports (absolute), with the names it takes from it ([] for `import m`)."""
+    imports = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
+            imports += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
+            imports.append((node.module, [alias.name for alias in node.names]))
         elif isinstance(node, ast.ImportFrom):  # relative: from its package, `level - 1` up
             base = package[: len(package) - (node.level - 1)]
             if node.module:
-                names.append(".".join([*base, node.module]))
+                imports.append((".".join([*base, node.module]), [alias.name for alias in node.names]))
             else:
-                names += [".".join([*base, alias.name]) for alias in node.names]
-    return names
+                imports += [(".".join([*base, alias.name]), []) for alias in node.names]
+    return imports
+
+
+def _imported_modules(path, package: list[str]) -> list[str]:
+    return [module for module, _ in _imports(path, package)]
 
 
 def test_no_import_runs_upward():
@@ -60,3 +67,26 @@ def test_every_module_of_the_package_has_a_layer():
     tops = {path.relative_to(REPO / "vlbert").with_suffix("").parts[0] for path in (REPO / "vlbert").rglob("*.py")}
     # the package's own __init__, and schemas/, which holds the presets' JSON schema as package data
     assert tops - {"__init__", "schemas"} <= set(LAYERS), tops - set(LAYERS)
+
+
+def test_no_model_family_reaches_into_another_s_modules():
+    """What the families share lives in modules of its own (pretrained.py: init, loading and
+    checkpoints; inputs.py: VisualInputs; heads.py: heads and losses): a family's modeling file
+    imports no other family's modeling module, and a family's files take only public names from
+    another family's configuration module (every config subclasses VLBertConfig)."""
+    modeling = REPO / "vlbert" / "modeling"
+    crossings = []
+    for family in FAMILIES.values():
+        others = [f for f in FAMILIES.values() if f.name != family.name]
+        other_modeling = {f"vlbert.modeling.{f.modeling_module}" for f in others}
+        other_configuration = {f"vlbert.modeling.{f.configuration_module}" for f in others}
+        for module in (family.modeling_module, family.configuration_module):
+            path = modeling / f"{module}.py"
+            assert path.exists(), path
+            for imported, names in _imports(path, ["vlbert", "modeling"]):
+                private = [name for name in names if name.startswith("_")]
+                if module == family.modeling_module and imported in other_modeling:
+                    crossings.append(f"{path.relative_to(REPO)} imports {imported} {names}")
+                elif imported in other_modeling | other_configuration and (private or not names):
+                    crossings.append(f"{path.relative_to(REPO)} imports {imported} {private or '(the module)'}")
+    assert not crossings, "\n".join(crossings)

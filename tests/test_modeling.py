@@ -21,7 +21,7 @@ from vlbert.modeling import (
     VLBertForVQA,
     VLBertProcessor,
 )
-from vlbert.modeling.modeling_vlbert import VisualInputs
+from vlbert.modeling.inputs import VisualInputs
 from vlbert.modeling.processing_vlbert import Word, default_tokenizer_path, pad_batch
 
 

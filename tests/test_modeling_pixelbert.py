@@ -19,7 +19,7 @@ from vlbert.modeling import (
     PixelBertModel,
     VLBertProcessor,
 )
-from vlbert.modeling.modeling_vlbert import VisualInputs
+from vlbert.modeling.inputs import VisualInputs
 from vlbert.modeling.processing_vlbert import pad_batch
 
 HEADS = (PixelBertForPreTraining, PixelBertForVQA, PixelBertForVCR, PixelBertForRefCOCO)

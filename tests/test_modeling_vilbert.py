@@ -15,8 +15,8 @@ from vlbert.modeling import (
     ViLBertModel,
     VLBertProcessor,
 )
+from vlbert.modeling.inputs import VisualInputs
 from vlbert.modeling.modeling_vilbert import masked_region_kl
-from vlbert.modeling.modeling_vlbert import VisualInputs
 from vlbert.modeling.processing_vlbert import Word, default_tokenizer_path, pad_batch
 
 HEADS = (ViLBertForPreTraining, ViLBertForVQA, ViLBertForVCR, ViLBertForRefCOCO)

@@ -1006,7 +1006,7 @@ def test_pinning_keeps_a_batch_as_move_to_takes_it(monkeypatch):
     # place it is held (Pixel-BERT's VCR image, once per candidate); a worker's batch is pinned as
     # move_to moves it. Pinning is faked here: it needs CUDA.
     from vlbert.engine.loop import _Built
-    from vlbert.modeling.modeling_vlbert import VisualInputs
+    from vlbert.modeling.inputs import VisualInputs
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor.clone())  # a copy, as pinning
     image = torch.rand(3, 8, 8)

@@ -31,7 +31,7 @@ def runs(tmp_path_factory):
     from vlbert.engine.build import load_processor
     from vlbert.engine.finetune import predict
     from vlbert.modeling import VLBertConfig, VLBertForVCR
-    from vlbert.modeling.modeling_vlbert import init_weights
+    from vlbert.modeling.pretrained import init_weights
     from vlbert.modeling.processing_vlbert import default_tokenizer_path
 
     root = tmp_path_factory.mktemp("vcr_leaderboard")

@@ -1,6 +1,7 @@
 """The model families: VL-BERT (configuration, Fast R-CNN module, the single-stream model and its
 heads, the processor), ViLBERT (two streams) and Pixel-BERT (pixels into one stream), each in its
-configuration_* and modeling_* files.
+configuration_* and modeling_* files; what they share in modules of its own: pretrained.py (the
+base class: init, BERT loading, checkpoints), inputs.py (VisualInputs), heads.py (heads, losses).
 
 No MLflow, Ray or training-loop code lives here. The names load on first use, so that the
 configuration (vlbert/auto.py registers it) comes without torch's model code.

@@ -16,8 +16,10 @@ Pre-training: masked language modelling and image-text matching on [CLS], with r
 sampling (a fresh random subset of each image's pixel tokens each step, `pixel_samples`); the
 task heads always see every pixel token, as the paper fine-tunes and infers.
 
-Reading order: the CNN, the pixel embeddings, `PixelBertPreTrainedModel` (VL-BERT's init and
-checkpoints, the builder's hooks), `PixelBertModel`, then one class per head. The classes are
+Reading order: the CNN, the pixel embeddings, `PixelBertPreTrainedModel` (the builder's hooks),
+`PixelBertModel`, then one class per head. Weight init, BERT loading and checkpoints are every
+family's (`StudyPreTrainedModel`, pretrained.py), as are `VisualInputs` (inputs.py) and the heads
+and losses (heads.py): nothing is imported from VL-BERT's modeling module. The classes are
 transformers `PreTrainedModel`s, on AutoConfig / AutoModel / AutoModelForPreTraining as VL-BERT's.
 """
 
@@ -50,7 +52,8 @@ from .heads import (
     task_classifier,
     vqa_loss,
 )
-from .modeling_vlbert import VisualInputs, VLBertPreTrainedModel
+from .inputs import VisualInputs
+from .pretrained import StudyPreTrainedModel
 
 # The 2x2 max-pool applies (pixel_pool=None) when the map has at least this many cells on its
 # shorter side, so that the pooled one keeps at least half as many.
@@ -219,23 +222,21 @@ class PixelBertModelOutput:
         return self.pixel_hidden.transpose(1, 2).unflatten(2, self.pixels.map_size)
 
 
-class PixelBertPreTrainedModel(VLBertPreTrainedModel):
-    """VL-BERT's weight init, BERT loading and checkpoints (VLBertPreTrainedModel), for Pixel-BERT.
+class PixelBertPreTrainedModel(StudyPreTrainedModel):
+    """Every family's weight init, BERT loading and checkpoints (`StudyPreTrainedModel`), for
+    Pixel-BERT.
 
     `init_weights` draws BERT's init for every Linear, Embedding and LayerNorm: the CNN has none,
-    and keeps its construction init until `load_detector` (the base model's `fast_rcnn` is None).
+    and keeps its construction init until `load_detector` (no `_detector_name` to set aside).
     A pre-training checkpoint starts a task head with the encoder (`pixelbert.*`: BERT, CNN, pixel
     embeddings) loaded and the head new, as VL-BERT's do."""
 
     config_class = PixelBertConfig
     base_model_prefix = "pixelbert"
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        model.base_model.cnn.freeze_batchnorm()  # loading made every float parameter trainable
-        return loaded
+    def _after_loading(self) -> None:
+        """The CNN's BatchNorm frozen again."""
+        self.base_model.cnn.freeze_batchnorm()  # loading made every float parameter trainable
 
     # ---- what the study's builder calls on a new model (every model family has them) ---------
 
@@ -261,7 +262,6 @@ class PixelBertModel(PixelBertPreTrainedModel):
         self.bert = BertModel(config, add_pooling_layer=False)
         self.cnn = PixelBertCNN(config)
         self.pixel_embeddings = PixelBertPixelEmbeddings(config, self.cnn.out_channels, self.cnn.stride)
-        self.fast_rcnn = None  # no region features (VLBertPreTrainedModel's init and loading look)
         self._initialised_by_head = not initialise
         self.post_init()
 

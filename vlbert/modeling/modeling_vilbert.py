@@ -12,8 +12,10 @@ The model reads the batches VL-BERT's heads read (vlbert.modeling.processing_vlb
 the text stream takes the words and special tokens of the sequence, not its `[IMG]` / `[END]`
 elements, and the visual stream takes the rows of `VisualInputs` (row 0 becomes `[IMG]`).
 
-Reading order: region embeddings, the co-attention layer, `ViLBertModel`, then one class per head.
-Weight init, BERT loading and checkpoints are VL-BERT's (`VLBertPreTrainedModel`).
+Reading order: region embeddings, the co-attention layer, `ViLBertPreTrainedModel` (the builder's
+hooks), `ViLBertModel`, then one class per head. Weight init, BERT loading and checkpoints are every
+family's (`StudyPreTrainedModel`, pretrained.py), as are `VisualInputs` (inputs.py) and the heads
+and losses (heads.py): nothing is imported from VL-BERT's modeling module.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from .heads import (
     task_classifier,
     vqa_loss,
 )
-from .modeling_vlbert import VisualInputs, VLBertPreTrainedModel
+from .inputs import VisualInputs
+from .pretrained import StudyPreTrainedModel
 
 
 class ViLBertRegionEmbeddings(nn.Module):
@@ -134,14 +137,23 @@ class ViLBertOutput:
     pooled_regions: torch.Tensor  # [B, H] from `[IMG]`
 
 
-class ViLBertPreTrainedModel(VLBertPreTrainedModel):
-    """VL-BERT's init, BERT loading and checkpoints, for ViLBERT's heads."""
+class ViLBertPreTrainedModel(StudyPreTrainedModel):
+    """Every family's init, BERT loading and checkpoints (`StudyPreTrainedModel`), for ViLBERT's
+    encoder and heads. No detector in the model: every module takes BERT's init."""
 
     config_class = ViLBertConfig
     base_model_prefix = "vilbert"
 
+    # ---- what the study's builder calls on a new model (every model family has them) ---------
+
+    def load_detector(self, detector_dir) -> None:
+        """Nothing to load: ViLBERT reads the feature stores' region features (no detector inside)."""
+
     def center_appearance(self, mean: torch.Tensor) -> None:
+        """Centre the regions' appearance features on `mean` (that of the training images)."""
         self.base_model.region_embeddings.appearance_mean.copy_(mean)
+
+    # ---- what the heads read -----------------------------------------------------------------
 
     def pooled_product(self, outputs: ViLBertOutput) -> torch.Tensor:
         """The element-wise product of the pooled `[CLS]` and `[IMG]`: what ViLBERT's alignment
@@ -150,8 +162,8 @@ class ViLBertPreTrainedModel(VLBertPreTrainedModel):
 
 
 class ViLBertModel(ViLBertPreTrainedModel):
-    """The two streams and their co-attention. `initialise=False`: a head holds it (VLBertModel's
-    convention)."""
+    """The two streams and their co-attention. `initialise=False`: a head holds it, and the head's
+    `post_init` initialises it with the head, in one pass (as every family's encoder)."""
 
     def __init__(self, config: ViLBertConfig, initialise: bool = True):
         super().__init__(config)
@@ -162,7 +174,6 @@ class ViLBertModel(ViLBertPreTrainedModel):
             ViLBertCoAttentionLayer(config) for _ in config.text_coattention_layers
         )
         self.text_pooler, self.visual_pooler = ViLBertPooler(config), ViLBertPooler(config)
-        self.fast_rcnn = None  # ViLBERT reads the stores' features; VLBertPreTrainedModel asks
         self._initialised_by_head = not initialise
         self.post_init()
 

@@ -8,30 +8,24 @@ text-only input takes one learned embedding, a masked RoI a learned mask embeddi
 its appearance (its geometry stays). The encoder is transformers' BertModel (attention through SDPA); token, segment
 and position embeddings and the LayerNorm are BERT's own.
 
-Reading order: weight init, visual embeddings, `VLBertPreTrainedModel` (init, checkpoints),
-`VLBertModel`, then one class per head (the heads and losses every family shares: `heads.py`).
-The classes are transformers `PreTrainedModel`s: `save_pretrained` / `from_pretrained` write and
-read safetensors plus config.json, and `import vlbert` registers them with AutoConfig / AutoModel /
-AutoModelForPreTraining.
+Reading order: visual embeddings, `VLBertPreTrainedModel` (the builder's hooks), `VLBertModel`,
+then one class per head. What every family shares is in its own modules: weight init, BERT
+loading and checkpoints in `pretrained.py` (`StudyPreTrainedModel`, which `VLBertPreTrainedModel`
+subclasses), the regions' inputs in `inputs.py` (`VisualInputs`), the heads and losses in
+`heads.py`. The classes are transformers `PreTrainedModel`s: `save_pretrained` / `from_pretrained`
+write and read safetensors plus config.json, and `import vlbert` registers them with AutoConfig /
+AutoModel / AutoModelForPreTraining.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertModel, PreTrainedModel
+from transformers import BertModel
 from transformers.models.bert.modeling_bert import BertOnlyMLMHead
-from transformers.utils import SAFE_WEIGHTS_NAME
 
 from .configuration_vlbert import VLBertConfig
 from .fast_rcnn import FastRCNN
@@ -46,39 +40,8 @@ from .heads import (
     task_classifier,
     vqa_loss,
 )
-
-_TRANSFORMERS_LOADER = "transformers.modeling_utils"  # the logger of transformers' LOAD REPORT
-
-
-class _HeldLoadReport(logging.Filter):
-    """Holds back transformers' LOAD REPORT records; `release` logs them after all."""
-
-    def __init__(self):
-        super().__init__()
-        self.records = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "LOAD REPORT" in record.getMessage():
-            self.records.append(record)
-            return False
-        return True
-
-    def release(self, logger: logging.Logger) -> None:
-        for record in self.records:
-            logger.handle(record)
-
-
-# Adapted from transformers.models.bert.modeling_bert.BertPreTrainedModel._init_weights: the same
-# distributions, without zeroing an embedding's padding row (the study's results were drawn so).
-def init_weights(module: nn.Module, std: float = 0.02) -> None:
-    """BERT's initialisation, for every new parameter: N(0, 0.02), LayerNorm 1 and 0, bias 0."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        module.weight.data.normal_(0.0, std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            module.bias.data.zero_()
-    elif isinstance(module, nn.LayerNorm):
-        module.weight.data.fill_(1.0)
-        module.bias.data.zero_()
+from .inputs import VisualInputs
+from .pretrained import StudyPreTrainedModel
 
 
 def geometry_embedding(boxes: torch.Tensor, wavelengths: int) -> torch.Tensor:
@@ -87,26 +50,6 @@ def geometry_embedding(boxes: torch.Tensor, wavelengths: int) -> torch.Tensor:
     frequencies = 100.0 / (1000.0**exponents)  # wave-lengths 2*pi/100 .. ~2*pi*10
     angles = boxes.unsqueeze(-1) * frequencies  # [..., 4, K]
     return torch.cat([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # [..., 4 * 2K]
-
-
-@dataclass
-class VisualInputs:
-    """The regions of a batch. Row 0 of every image is the whole image.
-
-    boxes: [B, R, 4] x1 y1 x2 y2 in image pixels; image_sizes: [B, 2] width, height;
-    roi_mask: [B, R] bool, real rows (the rest is padding);
-    features: [B, R, D] cached appearance features, or None to compute them from `images`;
-    images: list of B float RGB [3, H, W] tensors in [0, 1] (needed when features is None; with
-        features, None stands for an image without a masked RoI, which is never read);
-    masked: [B, R] bool, RoIs masked for masked RoI classification (pixels zeroed, mask embedding).
-    """
-
-    boxes: torch.Tensor
-    image_sizes: torch.Tensor
-    roi_mask: torch.Tensor
-    features: torch.Tensor | None = None
-    images: list[torch.Tensor] | None = None
-    masked: torch.Tensor | None = None
 
 
 class VLBertVisualEmbeddings(nn.Module):
@@ -141,210 +84,19 @@ class VLBertVisualEmbeddings(nn.Module):
         return self.projection(torch.cat([appearance, geometry], dim=-1))
 
 
-@contextmanager
-def _transformers_quiet():
-    """transformers' warnings and progress bars off, for a load whose outcome we check ourselves."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-class VLBertPreTrainedModel(PreTrainedModel):
-    """Weight init, BERT loading and checkpoints, shared by `VLBertModel` and every head.
-
-    Initialisation draws from the RNG as the study's results were drawn, so that a seed gives the
-    same model as before these classes moved onto transformers: the modules' construction
-    defaults (BertModel's own init pass among them), then one pass of `init_weights` over every
-    module but the Fast R-CNN's, in module order, the encoder's included (`init_weights` below;
-    transformers' own pass would skip what BertModel initialised). `from_pretrained` builds the
-    model that same way, on the CPU rather than on the meta device, and loads the checkpoint over
-    it: a task head new on a pre-training checkpoint starts from the draws `cls(config)` makes,
-    and leaves the RNG where `cls(config)` leaves it.
-    """
+class VLBertPreTrainedModel(StudyPreTrainedModel):
+    """`StudyPreTrainedModel` (weight init, BERT loading, checkpoints) for VL-BERT's encoder and
+    heads: the Fast R-CNN keeps its detector init until `load_detector`, and after a checkpoint
+    loads, its parameters train only as `tune_frcnn` and `frozen_frcnn_stages` say."""
 
     config_class = VLBertConfig
     base_model_prefix = "vlbert"
-    _supports_sdpa = True  # the attention is BertModel's
+    _detector_name = "fast_rcnn"
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        init_weights(module, self.config.initializer_range)
-
-    def init_weights(self) -> None:
-        """`post_init`'s pass: every module but the Fast R-CNN's (it keeps its detector init until
-        the detector's weights load), in module order, then the tying."""
-        if getattr(self, "_initialised_by_head", False):
-            return  # the head holding this model initialises it with its own weights, in one pass
-        fast_rcnn = self.base_model.fast_rcnn
-        detector = set(fast_rcnn.modules()) if fast_rcnn is not None else set()
-        for module in self.modules():
-            if module not in detector:
-                self._init_weights(module)
-            module._is_hf_initialized = True
-        self.tie_weights(recompute_mapping=False)
-
-    # ---- from_pretrained: built as cls(config) builds it --------------------------------------
-
-    @classmethod
-    def get_init_context(cls, dtype, is_quantized, _is_ds_init_called, allow_all_kernels=None):
-        # transformers' contexts less the meta device: the build initialises every weight.
-        contexts = super().get_init_context(dtype, is_quantized, _is_ds_init_called, allow_all_kernels)
-        return [c for c in contexts if not (isinstance(c, torch.device) and c.type == "meta")]
-
-    def _move_missing_keys_from_meta_to_device(self, missing_keys, device_map, device_mesh, hf_quantizer) -> None:
-        # Nothing is on the meta device (get_init_context): what the checkpoint lacks (a new head,
-        # the non-persistent buffers) keeps the values the build gave it, moved where the device
-        # map puts it, instead of being emptied to be initialised again.
-        if device_map is None:
-            return
-        from transformers.integrations.accelerate import get_device
-
-        names = set(missing_keys) - set(self.all_tied_weights_keys)
-        names |= {name for name, _ in self.named_non_persistent_buffers()}
-        for name in sorted(names):
-            owner, _, leaf = name.rpartition(".")
-            module = self.get_submodule(owner)
-            tensor = getattr(module, leaf)
-            device = get_device(device_map, name, valid_torch_device=True)
-            if isinstance(tensor, nn.Parameter):
-                tensor.data = tensor.data.to(device)
-            else:
-                setattr(module, leaf, tensor.to(device))
-
-    def _initialize_missing_keys(self, is_quantized: bool) -> None:
-        pass  # the build initialised every weight, with the draws cls(config) makes
-
-    @staticmethod
-    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
-        # A checkpoint of another class (a pre-training one into a task head) gives the encoder
-        # only: this model's head keeps the values the build drew, even where the two heads share
-        # names (VCR's masked RoI head and pre-training's).
-        new_head = {}
-        if model._checkpoint_class() != type(model).__name__:
-            new_head = {
-                key: value.detach().clone()
-                for key, value in model.state_dict().items()
-                if not model._in_encoder(key) and key not in model.all_tied_weights_keys
-            }
-        info, offload_index = PreTrainedModel._load_pretrained_model(
-            model, state_dict, checkpoint_files, load_config, expected_keys
-        )
-        with torch.no_grad():
-            for key, value in new_head.items():
-                tensor = model.get_parameter_or_buffer(key)
-                tensor.copy_(value)
-                tensor._is_hf_initialized = False  # not loaded: reported as new
-        info.missing_keys.update(new_head)
-        return info, offload_index
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' from_pretrained (config fields as keyword arguments, e.g. tune_frcnn=False,
-        num_answers=...), then the checkpoint must fit: the encoder (`vlbert.*`) loads whole, and a
-        checkpoint of this class loads whole; one of another class (a pre-training checkpoint into
-        a task head) leaves its head behind, and this model's own head starts new."""
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        # transformers' LOAD REPORT lists the other class's head left behind and this one's new;
-        # held back, and shown only if the checkpoint does not fit (or a weight's shape differs).
-        held, fits = _HeldLoadReport(), False
-        report_logger = logging.getLogger(_TRANSFORMERS_LOADER)
-        report_logger.addFilter(held)
-        try:
-            model, info = super().from_pretrained(
-                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-            )
-            model._check_checkpoint_fits(pretrained_model_name_or_path, info)
-            fits = not info["mismatched_keys"]
-        finally:
-            report_logger.removeFilter(held)
-            if not fits:
-                held.release(report_logger)
-        if model.base_model.fast_rcnn is not None:
-            model.base_model.fast_rcnn.set_requires_grad()  # loading made every float parameter trainable
-        return (model, info) if output_loading_info else model
-
-    def _checkpoint_class(self) -> str:
-        """The class that wrote the checkpoint loaded (its config's), this one's if unnamed."""
-        return (self.config.architectures or [type(self).__name__])[0]
-
-    def _in_encoder(self, key: str) -> bool:
-        """Whether a weight's name is the encoder's, in either naming: its own or a head's."""
-        parts = tuple(f"{name}." for name, _ in self.base_model.named_children())
-        return key.removeprefix(f"{self.base_model_prefix}.").startswith(parts)
-
-    def _check_checkpoint_fits(self, source, info: dict) -> None:
-        stored = self._checkpoint_class()
-        missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
-        if stored != type(self).__name__:  # another class's head stays behind; ours starts new
-            missing = [k for k in missing if self._in_encoder(k)]
-            unexpected = [k for k in unexpected if self._in_encoder(k)]
-        if missing or unexpected:
-            raise ValueError(
-                f"{source}: checkpoint ({stored}) does not fit {type(self).__name__} "
-                f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
-            )
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """transformers' save_pretrained, each file written whole: into a temporary folder beside
-        `save_directory`, then renamed into it one by one, so that a crash leaves each file old or
-        new, never half of one. Weight files of an earlier save that this one does not write go."""
-        folder = Path(save_directory)
-        folder.mkdir(parents=True, exist_ok=True)
-        if kwargs.get("push_to_hub"):
-            kwargs.setdefault("repo_id", folder.name)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-        try:
-            super().save_pretrained(staging, *args, **kwargs)
-            written = {path.name for path in staging.iterdir()}
-            for name in sorted(written):
-                os.replace(staging / name, folder / name)
-            for stale in folder.glob(f"{Path(SAFE_WEIGHTS_NAME).stem}*.safetensors*"):
-                if stale.name not in written:
-                    stale.unlink()
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-
-    # ---- BERT's text weights ------------------------------------------------------------------
-
-    def load_bert(self, checkpoint: str | Path) -> dict:
-        """Take text weights from a BERT checkpoint (local folder or hub id).
-
-        Returns {"loaded": [...], "new": [...], "ignored": [...]}: "new" must be only visual and
-        head parameters (and segment C, the third row of token_type_embeddings).
-        """
-        with _transformers_quiet():  # we report what was new ourselves, below
-            bert = BertModel.from_pretrained(str(checkpoint), add_pooling_layer=False)
-        encoder = self.base_model
-        prefix = "" if encoder is self else f"{self.base_model_prefix}."
-        state = bert.state_dict()
-        segments = state.pop("embeddings.token_type_embeddings.weight")
-        own = encoder.bert.state_dict()
-        if own["embeddings.token_type_embeddings.weight"].shape[1] != segments.shape[1]:
-            raise ValueError(f"{checkpoint}: hidden size {segments.shape[1]} differs from the config's")
-        with torch.no_grad():
-            encoder.bert.embeddings.token_type_embeddings.weight[: len(segments)] = segments
-        missing, unexpected = encoder.bert.load_state_dict(state, strict=False)
-        missing = [k for k in missing if k != "embeddings.token_type_embeddings.weight"]
-        if missing:
-            raise ValueError(f"{checkpoint}: BERT weights missing from the checkpoint: {missing[:5]}")
-        text_names = {f"{prefix}bert.{k}" for k in state} | {f"{prefix}bert.embeddings.token_type_embeddings.weight"}
-        tied = set(self.all_tied_weights_keys)
-        new = [
-            n
-            for n, _ in self.named_parameters()
-            if n not in text_names and n not in tied and not n.startswith(f"{prefix}fast_rcnn.")
-        ]
-        if len(segments) < self.config.type_vocab_size:
-            new.append(f"{prefix}bert.embeddings.token_type_embeddings.weight[segment C]")
-        return {"loaded": sorted(text_names), "new": new, "ignored": list(unexpected)}
+    def _after_loading(self) -> None:
+        """The Fast R-CNN's frozen parameters frozen again."""
+        if self.base_model.fast_rcnn is not None:
+            self.base_model.fast_rcnn.set_requires_grad()  # loading made every float parameter trainable
 
     # ---- what the study's builder calls on a new model (every model family has them) ---------
 
@@ -356,6 +108,8 @@ class VLBertPreTrainedModel(PreTrainedModel):
     def center_appearance(self, mean: torch.Tensor) -> None:
         """Centre the regions' appearance features on `mean` (that of the training images)."""
         self.base_model.visual_embeddings.appearance_mean.copy_(mean)
+
+    # ---- what the heads read -----------------------------------------------------------------
 
     def roi_hidden(self, hidden: torch.Tensor, roi_positions: torch.Tensor) -> torch.Tensor:
         """[B, R, H]: the hidden state of each RoI's [IMG] element (zeros where there is none)."""

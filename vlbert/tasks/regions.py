@@ -17,7 +17,7 @@ import torch
 
 from ..data.feature_store import FeatureStore, store_bytes
 from ..data.images import load_image
-from ..modeling.modeling_vlbert import VisualInputs
+from ..modeling.inputs import VisualInputs
 from ..registry import Store
 
 BOX_MODES = {"det": "detected", "gt": "gt"}  # a store's `mode` attribute for each kind of boxes
