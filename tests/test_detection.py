@@ -192,6 +192,7 @@ def _assert_same_files(a, b):
     assert found[1] == expected[1]
 
 
+@pytest.mark.slow  # a killed extraction subprocess, restarted: tens of seconds
 def test_killed_chunk_resumes_to_the_same_store(smoke_detector, smoke_world, tmp_path):
     """The smoke preset's caption store is 8 shards of 16 images in 2 chunks: chunk 1 killed after
     its first shard, run again, then chunk 2 and the index, equals one uninterrupted extraction."""

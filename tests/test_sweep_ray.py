@@ -139,7 +139,19 @@ def test_a_sweeps_ray_listens_on_loopback_only(tmp_path, monkeypatch):
     assert [entry for entry in bound if not _loopback(entry[1])] == []
 
 
-@pytest.mark.parametrize("ending", ["returns", "fails", "driver_quits_after", "driver_dies_before"])
+# A driver killed mid-sweep waits out Ray's own teardown (seconds each): the slow tier's.
+KILLED = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "returns",
+        "fails",
+        pytest.param("driver_quits_after", marks=KILLED),
+        pytest.param("driver_dies_before", marks=KILLED),
+    ],
+)
 def test_a_sweep_leaves_no_ray_process_and_no_temp_folder(ending, tmp_path, monkeypatch, capsys):
     # Seen in CI: Ray's driver ended its process with status 1 in ray.shutdown(), after the trials
     # (its log's last line: "The core worker process is not initialized yet or already shutdown").
@@ -195,6 +207,7 @@ def test_a_terminated_sweep_leaves_nothing_behind():
         _end(processes)
 
 
+@pytest.mark.slow
 def test_the_folder_of_a_killed_sweep_goes_with_the_next_one():
     # SIGKILL runs no code of the sweep's: Ray's GCS and raylet die with it (the kernel sees to
     # that), its folder stays until the next local Ray starts.
