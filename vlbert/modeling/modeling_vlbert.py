@@ -311,7 +311,8 @@ class VLBertForVQA(VLBertPreTrainedModel):
 
 class VLBertForVCR(VLBertPreTrainedModel):
     """Each of the 4 candidates is one sequence; [CLS] gives its score, softmax over the 4.
-    Masked RoI classification is trained alongside, as in the paper's VCR fine-tuning."""
+    Given `roi_positions` and `roi_labels`, its RoI head adds the paper's RoI classification loss;
+    the study's VCR batches carry none (a probe of it: reports/reference/mini/README.md)."""
 
     def __init__(self, config: VLBertConfig):
         super().__init__(config)
