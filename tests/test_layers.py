@@ -90,3 +90,54 @@ def test_no_model_family_reaches_into_another_s_modules():
                 elif imported in other_modeling | other_configuration and (private or not names):
                     crossings.append(f"{path.relative_to(REPO)} imports {imported} {private or '(the module)'}")
     assert not crossings, "\n".join(crossings)
+
+
+def _module_name(path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules it imports. `from p import m` is an
+    import of p.m where p.m is a module, else of p; a module's packages are not counted (Python
+    imports them first, but they are not what the module depends on)."""
+    paths = {_module_name(path): path for path in sorted((REPO / "vlbert").rglob("*.py"))}
+    graph = {}
+    for name, path in paths.items():
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        edges = set()
+        for module, names in _imports(path, parts[:-1]):
+            targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in paths]
+            if not targets or len(targets) < len(names):
+                targets.append(module)
+            for target in targets:
+                while target and target not in paths:  # a name from a module: the module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def test_no_import_circle():
+    """No module of the package imports itself through others: neither at module level nor by an
+    import deferred into a function (a deferred import that dodges a circle is still one: the two
+    modules cannot be understood, or moved, apart)."""
+    graph = _import_graph()
+    circles, done, path = [], set(), []
+
+    def visit(module):
+        if module in path:
+            circles.append(" -> ".join([*path[path.index(module) :], module]))
+            return
+        if module in done:
+            return
+        path.append(module)
+        for other in sorted(graph[module]):
+            visit(other)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+    assert not circles, "\n".join(circles)

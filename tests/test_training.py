@@ -263,7 +263,7 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
 
 
 def test_other_image_order_pairs_each_image_with_one_of_as_many_regions():
-    from vlbert.engine.pretrain import other_image_order
+    from vlbert.engine.mlm_validation import other_image_order
 
     counts = [3, 2, 3, 5, 2, 3]
     order = other_image_order(counts)
@@ -273,7 +273,7 @@ def test_other_image_order_pairs_each_image_with_one_of_as_many_regions():
 
 
 def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_config, smoke_validation):
-    from vlbert.engine.pretrain import validation_batches, visual_clue_accuracy
+    from vlbert.engine.mlm_validation import validation_batches, visual_clue_accuracy
     from vlbert.modeling import VLBertForPreTraining
 
     val, _, collate = smoke_validation

@@ -25,7 +25,7 @@ from ..modeling.heads import IGNORE_INDEX
 from ..modeling.modeling_pixelbert import PixelBertModel, PixelBertModelOutput
 from ..modeling.modeling_vlbert import VLBertModel
 from .device import move_to
-from .pretrain import other_image_order
+from .mlm_validation import other_image_order
 
 WORD_KINDS = {"colour": tuple(COLOURS), "shape": SHAPES + tuple(plural(s) for s in SHAPES), "size": SIZES}
 MAX_EXAMPLES = 300

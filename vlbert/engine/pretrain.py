@@ -5,8 +5,9 @@ clues always; masked RoI classification with linguistic clues (b, c, d, full); s
 relation prediction with 50% mismatched captions (c); the text-only corpus mixed 1:1 per batch
 (d, full); the Fast R-CNN tuned (full) or frozen.
 
-Validation scores the masked words of the val captions with each caption's own image and with
-another's, on the same masks: the difference is how much the model reads the image at all.
+Validation (mlm_validation.py) scores the masked words of the val captions with each caption's own
+image and with another's, on the same masks: the difference is how much the model reads the image
+at all.
 The grounding probe (vlbert.engine.grounding) does the same per word kind (colour, shape, size),
 and measures the masked words' attention on the image.
 """
@@ -28,13 +29,12 @@ from .build import build_model
 from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
 from .context import TrainingContext
-from .device import move_to
+from .grounding import grounding_probe
 from .loop import LoopConfig, LoopSteps, TrainingLoop, loading_options, loop_speed
+from .mlm_validation import validation_batches, visual_clue_accuracy
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
 from .tuned_features import check_store_detector
-
-IGNORE = -100
 
 
 def _merge_losses(outputs: list) -> tuple[torch.Tensor, dict]:
@@ -45,78 +45,10 @@ def _merge_losses(outputs: list) -> tuple[torch.Tensor, dict]:
     return sum(losses.values()), losses
 
 
-@torch.no_grad()
-def masked_lm_accuracy(model, batches) -> dict:
-    """Validation: masked-word accuracy and loss with visual clues, on fixed masks."""
-    model.eval()
-    device = next(model.parameters()).device
-    right = total = 0
-    loss_sum = 0.0
-    for batch in batches:
-        batch = move_to(batch, device)
-        out = model(**batch)
-        labels = batch["mlm_labels"][batch["mlm_labels"] != IGNORE]
-        right += int((out.mlm_logits.argmax(-1) == labels).sum())
-        total += len(labels)
-        loss_sum += float(out.losses["mlm"]) * len(labels) if "mlm" in out.losses else 0.0
-    return {"mlm_accuracy": 100 * right / max(total, 1), "mlm_loss": loss_sum / max(total, 1)}
-
-
-def other_image_order(num_rois: list[int]) -> list[int]:
-    """For each example, another example whose image has as many regions: each group of equal
-    counts rolled by one. A caption then encodes to the same tokens with either image and draws
-    the same masks. An example alone in its group keeps its own image."""
-    groups: dict[int, list[int]] = {}
-    for index, count in enumerate(num_rois):
-        groups.setdefault(count, []).append(index)
-    order = list(range(len(num_rois)))
-    for members in groups.values():
-        for index, other in zip(members, members[1:] + members[:1]):
-            order[index] = other
-    return order
-
-
-def visual_clue_accuracy(model, own_batches, other_batches) -> dict:
-    """Masked-word accuracy with each caption's own image and with another caption's, on the same
-    masks. Their difference, `visual_clue_gain`, is what the image adds: 0 for a model that has
-    not learnt to read it, whatever its accuracy on the words the text alone gives away."""
-    own, other = masked_lm_accuracy(model, own_batches), masked_lm_accuracy(model, other_batches)
-    return {
-        **own,
-        "mlm_accuracy_other_image": other["mlm_accuracy"],
-        "visual_clue_gain": own["mlm_accuracy"] - other["mlm_accuracy"],
-    }
-
-
-class ValidationBatches:
-    """Validation batches, collated each time they are iterated (collated once and kept, a real
-    val set's features would sit in memory twice over), with the same masks every time: each
-    batch's generator is seeded by its first example's index."""
-
-    def __init__(self, examples: list[dict], collate, seed: int, batch_size: int):
-        self.examples, self.collate, self.seed, self.batch_size = examples, collate, seed, batch_size
-
-    def __iter__(self):
-        for k in range(0, len(self.examples), self.batch_size):
-            yield self.collate(self.examples[k : k + self.batch_size], batch_generator(self.seed, 0, k, "val"))
-
-
-def validation_batches(val, collate, seed: int, batch_size: int) -> tuple[ValidationBatches, ValidationBatches]:
-    """The validation batches with each caption's own image and with another's (same masks). The
-    collator gives a setting that tunes Fast R-CNN the images, whose features it recomputes."""
-    examples = [val[i] for i in range(len(val))]
-    order = other_image_order([e["regions"].num_rois for e in examples])
-    swapped = [{**e, "regions": examples[j]["regions"]} for e, j in zip(examples, order)]
-    return ValidationBatches(examples, collate, seed, batch_size), ValidationBatches(
-        swapped, collate, seed, batch_size
-    )
-
-
 def pretrain(context: TrainingContext, setting, out, max_steps: int | None = None) -> dict:
     """Pre-train `setting` from the BERT and the detector of `context.inputs` into `out`; a summary
     (with `max_steps`, only the loop's speed)."""
     from .distributed import wrap
-    from .grounding import grounding_probe  # it imports this module
 
     if not setting.pretrains:
         raise ValueError(f"setting {setting.name!r} has no pre-training: fine-tune from the BERT init")
