@@ -31,3 +31,25 @@ class TrainingContext:
     device: str = "cpu"
     progress: bool = True
     callbacks: tuple = ()
+
+
+def training_context(
+    preset: dict,
+    inputs: RunInputs,
+    make_tracker,
+    device: str = "cpu",
+    progress: bool = True,
+    callbacks: tuple = (),
+    bert_tokenizer: bool = True,
+) -> TrainingContext:
+    """The one place a TrainingContext is made, for the CLI's runs (study/runs.py) and the sweep's
+    trials (study/sweep.py): the preset and inputs as given; the tokenizer of the BERT in
+    `inputs.bert` (with `bert_tokenizer=False`, BERT's uncased WordPiece alone: bert-init makes
+    the BERT), cut at the preset's `model.max_text_length`; and the tracker `make_tracker()`
+    gives, called once the tokenizer is loaded (a missing BERT fails before a tracker's run opens)."""
+    from .build import load_processor  # modeling and transformers: only once a stage is set up
+
+    processor = load_processor(inputs.bert if bert_tokenizer else None, preset["model"].get("max_text_length", 64))
+    return TrainingContext(
+        preset, inputs, processor, make_tracker(), device, progress=progress, callbacks=tuple(callbacks)
+    )

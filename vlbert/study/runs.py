@@ -180,8 +180,7 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True, settin
     import torch
 
     from ..config import load_config
-    from ..engine.build import load_processor
-    from ..engine.context import RunInputs
+    from ..engine.context import RunInputs, training_context
     from ..engine.distributed import init_from_environment, is_main_process
     from ..tracking import NullTracker, make_tracker
 
@@ -204,20 +203,30 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True, settin
         detector_dir=Path(getattr(args, "detector", None) or layout.detector),
         pretrained=pretrained,
     )
-    # bert-init makes the BERT: it starts from BERT's uncased WordPiece vocabulary alone.
-    processor = load_processor(None if stage == "bert_init" else bert, config["model"].get("max_text_length", 64))
-    tracker = (
-        make_tracker(
-            config,
-            args.run_name or f"{stage}-{'-'.join(str(v) for v in tags.values())}",
-            {STAGE_TAG: stage, **tags},
-            enabled=not args.no_tracking,
+
+    def tracker():
+        made = (
+            make_tracker(
+                config,
+                args.run_name or f"{stage}-{'-'.join(str(v) for v in tags.values())}",
+                {STAGE_TAG: stage, **tags},
+                enabled=not args.no_tracking,
+            )
+            if is_main_process() and tracked
+            else NullTracker()
         )
-        if is_main_process() and tracked
-        else NullTracker()
+        made.log_params({"preset": config})
+        return made
+
+    # bert-init makes the BERT: it starts from BERT's uncased WordPiece vocabulary alone.
+    return training_context(
+        config,
+        inputs,
+        tracker,
+        device,
+        progress=not getattr(args, "quiet", False),
+        bert_tokenizer=stage != "bert_init",
     )
-    tracker.log_params({"preset": config})
-    return TrainingContext(config, inputs, processor, tracker, device, progress=not getattr(args, "quiet", False))
 
 
 def _holding(out: Path):

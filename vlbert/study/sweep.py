@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import io
 from ..config import finetune_epochs, study_seeds
 from ..engine.callbacks import Callback
-from ..engine.context import RunInputs, TrainingContext
+from ..engine.context import RunInputs, training_context
 from ..registry import TASKS
 from ..tracking import (
     EPOCH_METRIC,
@@ -159,7 +159,6 @@ def _trial(config: dict) -> None:
     """One learning rate: a fine-tuning run without a look at test. Runs in a Ray worker."""
     import torch
 
-    from ..engine.build import load_processor
     from ..engine.finetune import finetune
     from ..registry import setting
 
@@ -189,9 +188,8 @@ def _trial(config: dict) -> None:
         inputs = RunInputs(
             config["data_root"], config["features_dir"], config["bert"], config["detector"], config["pretrained"]
         )
-        processor = load_processor(config["bert"], preset["model"].get("max_text_length", 64))
-        context = TrainingContext(
-            preset, inputs, processor, tracker, config["device"], progress=False, callbacks=(reporter,)
+        context = training_context(
+            preset, inputs, lambda: tracker, config["device"], progress=False, callbacks=(reporter,)
         )
         out = trial_dir(Path(config["out"]) / task, lr)
         finetune(context, setting(config["setting"]), task, lr, config["seed"], out, score_test=False)
