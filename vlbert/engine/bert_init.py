@@ -3,7 +3,9 @@ modelling of a small BERT (transformers' BertForMaskedLM) on the synthetic text 
 vocabulary is BERT's uncased WordPiece, or, with `model.wordpiece_vocab_size`, a WordPiece
 vocabulary of the world's language (corpus, captions, the tasks' training text), as BERT's was
 made from the text it covers.
-The paper preset names a real BERT checkpoint instead."""
+The paper preset names a real BERT checkpoint instead.
+
+`BertInitStage` is the stage (stage.py); `bert_init` runs it."""
 
 from __future__ import annotations
 
@@ -18,11 +20,10 @@ from ..data.conceptual_captions import read_captions
 from ..data.text_corpus import read_corpus
 from ..modeling.processing_vlbert import VLBertProcessor, wordpiece_from_texts
 from ..tasks.pretraining import CorpusDataset, TextOnlyCollator
-from .callbacks import BestEpoch, Tracking
 from .checkpoint import input_identity
-from .loop import LoopConfig, LoopSteps, TrainingLoop, loading_options
 from .optim import build_optimizer, build_scheduler
 from .seeding import batch_generator, epoch_order
+from .stage import Stage, run_stage
 
 
 def world_text_files(data_root) -> list[Path]:
@@ -80,71 +81,85 @@ def init_word_embeddings(model: BertForMaskedLM, std: float) -> None:
             weight[model.config.pad_token_id].zero_()
 
 
-def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool = True) -> dict:
-    model_options, options = preset["model"], preset["bert_init"]
-    seed = preset["seed"]
-    torch.manual_seed(seed)
-    processor = world_processor(preset, data_root, processor)
-    corpus_path = Path(data_root) / "text_corpus" / "corpus.txt"
-    config = BertConfig(
-        vocab_size=len(processor.tokenizer),
-        hidden_size=model_options["hidden_size"],
-        num_hidden_layers=model_options["num_hidden_layers"],
-        num_attention_heads=model_options["num_attention_heads"],
-        intermediate_size=model_options["intermediate_size"],
-        max_position_embeddings=512,
-        type_vocab_size=2,
-        attn_implementation="sdpa",
-    )
-    model = BertForMaskedLM(config)
-    if model_options.get("word_embedding_std"):
-        init_word_embeddings(model, float(model_options["word_embedding_std"]))
-    corpus = CorpusDataset(corpus_path)
-    collate = TextOnlyCollator(processor)
-    batch_size = options["batch_size"]
-    batches = math.ceil(len(corpus) / batch_size)
-    epochs = int(options["epochs"])
-    optimizer = build_optimizer(model, options)
-    scheduler = build_scheduler(optimizer, options, epochs * batches, batches)
-    tracker.log_params(
-        {"bert_init": options, "model": model_options, "passages": len(corpus), "vocab_size": len(processor.tokenizer)}
-    )
+class BertInitStage(Stage):
+    """Masked language modelling of a new small BERT on the text corpus into `out`: no validation,
+    the last epoch's weights kept, saved with the tokenizer as out/bert (what VL-BERT loads)."""
 
-    def make_batch(epoch, b):
-        order = epoch_order(len(corpus), seed, epoch)
-        return collate(
-            [corpus[i] for i in order[b * batch_size : (b + 1) * batch_size]], batch_generator(seed, epoch, b)
+    validates = False
+    data_parallel = False
+
+    def __init__(self, preset: dict, data_root, out, processor):
+        self.preset, self.data_root, self.out, self.processor = preset, data_root, Path(out), processor
+
+    def setup(self) -> None:
+        model_options, self.options = self.preset["model"], self.preset["bert_init"]
+        self.seed = self.preset["seed"]
+        torch.manual_seed(self.seed)
+        self.processor = processor = world_processor(self.preset, self.data_root, self.processor)
+        self.corpus_path = Path(self.data_root) / "text_corpus" / "corpus.txt"
+        config = BertConfig(
+            vocab_size=len(processor.tokenizer),
+            hidden_size=model_options["hidden_size"],
+            num_hidden_layers=model_options["num_hidden_layers"],
+            num_attention_heads=model_options["num_attention_heads"],
+            intermediate_size=model_options["intermediate_size"],
+            max_position_embeddings=512,
+            type_vocab_size=2,
+            attn_implementation="sdpa",
+        )
+        self.model = model = BertForMaskedLM(config)
+        if model_options.get("word_embedding_std"):
+            init_word_embeddings(model, float(model_options["word_embedding_std"]))
+        self.corpus = CorpusDataset(self.corpus_path)
+        self.collate = TextOnlyCollator(processor)
+        self.batch_size = self.options["batch_size"]
+        self.batches_per_epoch = batches = math.ceil(len(self.corpus) / self.batch_size)
+        self.epochs = int(self.options["epochs"])
+        self.optimizer = build_optimizer(model, self.options)
+        self.scheduler = build_scheduler(self.optimizer, self.options, self.epochs * batches, batches)
+
+    def params(self) -> dict:
+        return {
+            "bert_init": self.options,
+            "model": self.preset["model"],
+            "passages": len(self.corpus),
+            "vocab_size": len(self.processor.tokenizer),
+        }
+
+    def make_batch(self, epoch, b):
+        order = epoch_order(len(self.corpus), self.seed, epoch)
+        return self.collate(
+            [self.corpus[i] for i in order[b * self.batch_size : (b + 1) * self.batch_size]],
+            batch_generator(self.seed, epoch, b),
         )
 
-    def loss_fn(model, batch):
+    def training_step(self, model, batch):
         hidden = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         masked = batch["mlm_labels"] != -100
         loss = F.cross_entropy(model.cls(hidden[masked]), batch["mlm_labels"][masked])
         return loss, {"mlm": loss}
 
-    # What this run is made from: a checkpoint of any other run is not resumed.
-    texts = world_text_files(data_root) if preset["model"].get("wordpiece_vocab_size") else [corpus_path]
-    identity = {
-        "stage": "bert_init",
-        "seed": seed,
-        "preset": {key: preset.get(key) for key in ("model", "bert_init", "training")},
-        "inputs": {str(Path(path).relative_to(data_root)): input_identity(path) for path in texts},
-    }
-    loop = TrainingLoop(
-        model,
-        optimizer,
-        scheduler,
-        LoopConfig(epochs, batches, progress=progress, **preset.get("training", {}), **loading_options(preset)),
-        out,
-        LoopSteps(make_batch, loss_fn),
-        [Tracking(tracker), BestEpoch()],
-        identity=identity,
-    )
-    state = loop.fit()
-    # The BERT checkpoint that VL-BERT loads: the last epoch's weights and the tokenizer.
-    from transformers.utils import logging as hf_logging
+    def identity(self) -> dict:
+        # What this run is made from: a checkpoint of any other run is not resumed.
+        data_root = self.data_root
+        texts = world_text_files(data_root) if self.preset["model"].get("wordpiece_vocab_size") else [self.corpus_path]
+        return {
+            "stage": "bert_init",
+            "seed": self.seed,
+            "preset": {key: self.preset.get(key) for key in ("model", "bert_init", "training")},
+            "inputs": {str(Path(path).relative_to(data_root)): input_identity(path) for path in texts},
+        }
 
-    hf_logging.disable_progress_bar()
-    model.save_pretrained(str(out / "bert"))
-    processor.save_pretrained(out / "bert")
-    return {"steps": state.step, "epochs": epochs}
+    def result(self, state, speed):
+        """The BERT checkpoint that VL-BERT loads: the last epoch's weights and the tokenizer."""
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.model.save_pretrained(str(self.out / "bert"))
+        self.processor.save_pretrained(self.out / "bert")
+        return {"steps": state.step, "epochs": self.epochs}, {}
+
+
+def bert_init(preset: dict, data_root, out, tracker, processor, progress: bool = True) -> dict:
+    """Train the study's BERT into `out` (out/bert: weights and tokenizer); a summary."""
+    return run_stage(BertInitStage(preset, data_root, out, processor), tracker, progress=progress)

@@ -1,7 +1,8 @@
 """The training loop: epochs of batches, checkpoints, resume, per-epoch validation.
 
-It knows nothing of what a batch holds (the stage gives `make_batch` and `loss_fn`) nor of what
-is done with what it measures: its callbacks (callbacks.py) keep the best epoch's weights
+It knows nothing of what a batch holds (the stage gives `make_batch` and `loss_fn`: stage.py's
+`run_stage` hands it a Stage's `make_batch`, `training_step` and `validate`) nor of what is done
+with what it measures: its callbacks (callbacks.py) keep the best epoch's weights
 (`BestEpoch`) and record the training in a tracker (`Tracking`; a sweep adds its Ray reporting).
 
 Batch b of epoch e is always the same examples with the same random choices, so a run killed at
@@ -182,7 +183,7 @@ class TrainingLoop:
                 f"and {config.prefetch_batches}"
             )
         if config.loader_workers and not sys.platform.startswith("linux"):
-            # Workers are forked so that they share the stage's make_batch (a closure: not picklable).
+            # Workers are forked so that they share the stage's make_batch (with all its stage holds: not pickled).
             raise ValueError(f"loading.workers needs Linux (forked workers), not {sys.platform}: set it to 0")
         self.device = next(model.parameters()).device
         self.device_type = self.device.type
