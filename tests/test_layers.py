@@ -141,3 +141,15 @@ def test_no_import_circle():
     for module in sorted(graph):
         visit(module)
     assert not circles, "\n".join(circles)
+
+
+def test_the_engine_talks_to_neither_mlflow_nor_ray():
+    """The loop, its callbacks and the stages record through a tracker (tracking.py holds MLflow)
+    and are reported to Ray by the sweep's callback (study/sweep.py)."""
+    talking = []
+    for path in sorted((REPO / "vlbert" / "engine").rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        for name in _imported_modules(path, parts[:-1]):
+            if name.split(".")[0] in ("mlflow", "ray"):
+                talking.append(f"{path.relative_to(REPO)} imports {name}")
+    assert not talking, "\n".join(talking)
