@@ -7,7 +7,7 @@ import pytest
 from conftest import study_args
 
 from vlbert.cli import main
-from vlbert.registry import FAMILIES, SETTINGS, TASKS, family_settings, model_class_name
+from vlbert.registry import FAMILIES, SETTINGS, TASKS, family_class, family_settings, model_class_name
 
 # The losses each system's pre-training logs (the loop's loss_<name> metrics).
 EXPECTED_LOSSES = {
@@ -18,11 +18,10 @@ EXPECTED_LOSSES = {
 
 
 def test_every_family_names_a_class_for_pre_training_and_every_head():
-    from vlbert import modeling
-
     for family in FAMILIES.values():
-        for name in (family.pretraining_class, *family.head_classes.values()):
-            assert getattr(modeling, name).config_class.model_type == family.name
+        assert family_class(family, family.config_class).model_type == family.name
+        for name in (family.model_class, family.pretraining_class, *family.head_classes.values()):
+            assert family_class(family, name).config_class.model_type == family.name
     assert model_class_name("vilbert", "refcoco_det") == "ViLBertForRefCOCO"
     assert model_class_name("full") == "VLBertForPreTraining"
     assert family_settings(["vlbert"]) == ("no_pretrain", "a", "b", "c", "d", "full")

@@ -8,7 +8,7 @@ from collections import Counter
 import torch
 from conftest import study_args
 
-from vlbert import modeling, registry
+from vlbert import registry
 from vlbert.cli import main
 from vlbert.modeling.processing_vlbert import pad_batch
 from vlbert.tasks import build
@@ -80,7 +80,7 @@ def test_every_registered_task_names_its_adapter_and_head():
         module, _, cls = spec.adapter.partition(":")
         assert issubclass(getattr(importlib.import_module(module), cls), Task)
         for family in registry.FAMILIES.values():
-            assert family.head_classes[spec.head] in modeling.__dir__()
+            assert registry.family_class(family, family.head_classes[spec.head]).config_class.model_type == family.name
         assert set(spec.stores) == set(spec.splits) == {"train", "val", "test"}
     assert all(registry.TASKS[t].table4_title for t in registry.TABLE4_TASKS)
 

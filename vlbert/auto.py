@@ -4,11 +4,12 @@ After `import vlbert`, AutoConfig and AutoModel / AutoModelForPreTraining .from_
 load a checkpoint the study wrote. Registering there and then would import transformers' Auto
 classes, and torch with them (seconds for `vlbert --help`), so `import vlbert` only arranges it:
 
-- model_types "vlbert", "vilbert" and "pixelbert" go on AutoConfig once transformers has loaded
-  AutoConfig's module (at once if it has already). Not while transformers is still loading it: transformers loads it on
-  the way to AutoModel, and a configuration class cannot be made before AutoModel's module is
-  whole (BertConfig's docstring asks it). So a finder on sys.meta_path lets transformers' modules
-  load as they would, counts those running, and registers when none is.
+- every family's model_type (vlbert.registry.FAMILIES: "vlbert", "vilbert", "pixelbert") goes on
+  AutoConfig once transformers has loaded AutoConfig's module (at once if it has already). Not
+  while transformers is still loading it: transformers loads it on the way to AutoModel, and a
+  configuration class cannot be made before AutoModel's module is whole (BertConfig's docstring
+  asks it). So a finder on sys.meta_path lets transformers' modules load as they would, counts
+  those running, and registers when none is.
 - the models go on AutoModel and AutoModelForPreTraining when the first config is made
   (from_pretrained makes the config before it looks for the model class): they import
   transformers' BERT, which must not be in the middle of its own loading either.
@@ -22,47 +23,60 @@ from importlib.abc import MetaPathFinder
 from . import registry  # plain dataclasses: `import vlbert` stays light
 
 AUTO_CONFIG_MODULE = "transformers.models.auto.configuration_auto"
-# Per model family (vlbert.registry.FAMILIES): its config class, its modeling module and the
-# classes that go on AutoModel and AutoModelForPreTraining.
-FAMILIES = {
-    name: (f.config_class, f.modeling_module, f.model_class, f.pretraining_class)
-    for name, f in registry.FAMILIES.items()
-}
 CONFIG_MODULE = "vlbert.modeling.configuration_{}"  # ModelFamily.configuration_module
-_models_registered = False
+_models_registered: set[str] = set()  # the families on AutoModel and AutoModelForPreTraining
+
+
+def _config_module(family: registry.ModelFamily) -> str:
+    return family.module or CONFIG_MODULE.format(family.name)
+
+
+def _register_family_config(auto_config, family: registry.ModelFamily) -> None:
+    # model_type is the key AutoConfig and a checkpoint's config.json share: one per family.
+    config_class = registry.family_class(family, family.config_class)
+    if config_class.model_type != family.name:
+        raise ValueError(f"{config_class.__name__}.model_type is {config_class.model_type!r}, not {family.name!r}")
+    auto_config.register(config_class.model_type, config_class, exist_ok=True)
 
 
 def register_config(auto_config) -> bool:
-    """Every family's config on AutoConfig; False if left to a configuration module being
-    imported (it imports transformers, which may load AutoConfig's module on the way): that
-    module calls `register_on_use` at its end."""
+    """Every family's config on AutoConfig (vlbert.registry.FAMILIES as it is now); False if left
+    to a configuration module being imported (it imports transformers, which may load
+    AutoConfig's module on the way): that module calls `register_on_use` at its end. A family
+    whose classes live in a module of its own (ModelFamily.module) goes on here if that module is
+    loaded, else with its models (`register_models`) when its first config is made."""
     import importlib
 
-    for family, (config_name, *_) in FAMILIES.items():
-        module = sys.modules.get(CONFIG_MODULE.format(family))
-        if module is not None and not hasattr(module, config_name):
+    families = list(registry.FAMILIES.values())
+    for family in families:
+        module = sys.modules.get(_config_module(family))
+        if family.module is None and module is not None and not hasattr(module, family.config_class):
             return False
-    for family, (config_name, *_) in FAMILIES.items():
-        config_class = getattr(importlib.import_module(CONFIG_MODULE.format(family)), config_name)
-        auto_config.register(config_class.model_type, config_class, exist_ok=True)
+    for family in families:
+        if family.module is None:
+            importlib.import_module(_config_module(family))
+        elif not hasattr(sys.modules.get(family.module), family.config_class):
+            continue
+        _register_family_config(auto_config, family)
     return True
 
 
 def register_models() -> None:
-    """Once: each family's encoder on AutoModel, its pre-training model on AutoModelForPreTraining."""
-    global _models_registered
-    if _models_registered:
+    """Once per family: its encoder on AutoModel, its pre-training model on AutoModelForPreTraining
+    (and its config on AutoConfig, for a family registered after transformers loaded it)."""
+    families = [f for name, f in registry.FAMILIES.items() if name not in _models_registered]
+    if not families:
         return
-    _models_registered = True
-    import importlib
+    _models_registered.update(f.name for f in families)
+    from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
 
-    from transformers import AutoModel, AutoModelForPreTraining
-
-    for family, (config_name, modeling, encoder, pretraining) in FAMILIES.items():
-        config_class = getattr(importlib.import_module(CONFIG_MODULE.format(family)), config_name)
-        module = importlib.import_module(f"vlbert.modeling.{modeling}")
-        AutoModel.register(config_class, getattr(module, encoder), exist_ok=True)
-        AutoModelForPreTraining.register(config_class, getattr(module, pretraining), exist_ok=True)
+    for family in families:
+        config_class = registry.family_class(family, family.config_class)
+        if family.module is not None:
+            _register_family_config(AutoConfig, family)
+        AutoModel.register(config_class, registry.family_class(family, family.model_class), exist_ok=True)
+        pretraining = registry.family_class(family, family.pretraining_class)
+        AutoModelForPreTraining.register(config_class, pretraining, exist_ok=True)
 
 
 class _RegisterWhenLoaded(MetaPathFinder):

@@ -4,9 +4,9 @@ These strings are the Snakemake wildcards, the CLI choices, the MLflow tags and 
 rows and columns; nothing else defines them. A task's entry also says which feature stores and
 data set splits it reads, its head, its preset section and its Table 4 column, so a new task is
 one entry here and its adapter in vlbert/tasks/. A model family's entry names its classes (which
-vlbert.modeling loads and vlbert/auto.py puts on transformers' Auto classes), its cost to the
+`family_class` looks up and vlbert/auto.py puts on transformers' Auto classes), its cost to the
 workflow's scheduler and its rows in the systems table, so a new family is one entry here, its rows
-in SETTINGS, and its files in vlbert/modeling/.
+in SETTINGS, and its files: in vlbert/modeling/, or any module its entry's `module` names.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """A system of the seed papers: its vlbert.modeling classes and what its inputs need."""
+    """A system of the seed papers: its classes (`family_class`) and what its inputs need."""
 
     name: str
     title: str  # the report's name for it
@@ -35,6 +35,15 @@ class ModelFamily:
     # (VL-BERT), or their cached features zeroed (ViLBERT).
     masks_region_pixels: bool = True
     reads_pixels: bool = False  # its visual input is the image itself (Pixel-BERT), not regions
+    # The module whose attributes are its classes (config, encoder, pre-training model, heads), for
+    # a family whose files live outside vlbert/modeling/. None: vlbert.modeling's lazy names, from
+    # its configuration_<name>.py and modeling_<name>.py.
+    module: str | None = None
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """Its config, encoder, pre-training model and heads: every class `family_class` gives."""
+        return (self.config_class, self.model_class, self.pretraining_class, *self.head_classes.values())
 
     @property
     def configuration_module(self) -> str:
@@ -269,8 +278,19 @@ def task(name: str) -> TaskSpec:
         raise ValueError(f"unknown task {name!r}; expected one of {', '.join(TASKS)}") from None
 
 
+def family_class(family: ModelFamily | str, name: str):
+    """One of a family's classes (ModelFamily.class_names) by name, imported from its module:
+    every lookup of a family's classes goes through here."""
+    import importlib
+
+    family = FAMILIES[family] if isinstance(family, str) else family
+    if name not in family.class_names:
+        raise ValueError(f"{name!r} is not a class of model family {family.name!r}: {', '.join(family.class_names)}")
+    return getattr(importlib.import_module(family.module or "vlbert.modeling"), name)
+
+
 def model_class_name(setting_name: str, task_name: str | None = None) -> str:
-    """The vlbert.modeling class a setting trains: its family's pre-training model, or its head for a task."""
+    """The class a setting trains: its family's pre-training model, or its head for a task."""
     family = setting(setting_name).model_family
     return family.pretraining_class if task_name is None else family.head_classes[task(task_name).head]
 

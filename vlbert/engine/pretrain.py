@@ -22,9 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .. import modeling
 from ..detection.identity import study_detector
-from ..registry import PRETRAINING_STORES
+from ..registry import PRETRAINING_STORES, family_class
 from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator
 from ..tasks.regions import feature_mean, features_path, open_store
 from .build import build_model
@@ -73,7 +72,7 @@ class PretrainStage(Stage):
         # Pixel-BERT without pixel sampling keeps every pixel token (the preset's pixel_samples: with it).
         sampling = {"pixel_samples": 0} if setting.family == "pixelbert" and not setting.pixel_sampling else {}
         model, self.report = build_model(
-            getattr(modeling, setting.model_family.pretraining_class),
+            family_class(setting.model_family, setting.model_family.pretraining_class),
             preset,
             bert,
             detector_dir,

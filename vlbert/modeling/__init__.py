@@ -14,14 +14,16 @@ import importlib
 from ..registry import FAMILIES as _FAMILIES
 
 # Each name and the module that defines it: the family-independent ones, then each family's
-# classes as its registry entry names them.
+# classes as its registry entry names them (a family whose entry names a `module` of its own is
+# looked up there, by vlbert.registry.family_class).
 _MODULES = {
     "FastRCNN": "fast_rcnn",
     "VLBertProcessor": "processing_vlbert",
-    **{f.config_class: f.configuration_module for f in _FAMILIES.values()},
+    **{f.config_class: f.configuration_module for f in _FAMILIES.values() if f.module is None},
     **{
         name: f.modeling_module
         for f in _FAMILIES.values()
+        if f.module is None
         for name in (f.model_class, f.pretraining_class, *f.head_classes.values())
     },
 }

@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import modeling
 from ..modeling.processing_vlbert import VLBertProcessor
-from ..registry import FAMILIES, TaskSpec, task
+from ..registry import FAMILIES, TaskSpec, family_class, task
 from .regions import Regions, features_path, visual_batch
 
 
@@ -35,7 +34,7 @@ class Task:
 
     @property
     def model_class(self):
-        return getattr(modeling, FAMILIES[self.family].head_classes[self.spec.head])
+        return family_class(self.family, FAMILIES[self.family].head_classes[self.spec.head])
 
     def examples(self, split: str) -> list[dict]:
         raise NotImplementedError
