@@ -27,10 +27,6 @@ CONFIG_MODULE = "vlbert.modeling.configuration_{}"  # ModelFamily.configuration_
 _models_registered: set[str] = set()  # the families on AutoModel and AutoModelForPreTraining
 
 
-def _config_module(family: registry.ModelFamily) -> str:
-    return family.module or CONFIG_MODULE.format(family.name)
-
-
 def _register_family_config(auto_config, family: registry.ModelFamily) -> None:
     # model_type is the key AutoConfig and a checkpoint's config.json share: one per family.
     config_class = registry.family_class(family, family.config_class)
@@ -45,18 +41,18 @@ def register_config(auto_config) -> bool:
     AutoConfig's module on the way): that module calls `register_on_use` at its end. A family
     whose classes live in a module of its own (ModelFamily.module) goes on here if that module is
     loaded, else with its models (`register_models`) when its first config is made."""
-    import importlib
-
-    families = list(registry.FAMILIES.values())
+    families = [f for f in registry.FAMILIES.values() if f.module is None]
     for family in families:
-        module = sys.modules.get(_config_module(family))
-        if family.module is None and module is not None and not hasattr(module, family.config_class):
+        module = sys.modules.get(CONFIG_MODULE.format(family.name))
+        if module is not None and not hasattr(module, family.config_class):
             return False
+    # Those of their own module: only if it is loaded (whole), not imported in transformers' loading.
+    families += [
+        f
+        for f in registry.FAMILIES.values()
+        if f.module is not None and hasattr(sys.modules.get(f.module), f.config_class)
+    ]
     for family in families:
-        if family.module is None:
-            importlib.import_module(_config_module(family))
-        elif not hasattr(sys.modules.get(family.module), family.config_class):
-            continue
         _register_family_config(auto_config, family)
     return True
 
