@@ -24,6 +24,9 @@ from vlbert.modeling import (
 class ToyBertConfig(VLBertConfig):
     model_type = "toybert"
 
+    def __init__(self, **kwargs):  # its own, as transformers wants of a config subclass
+        super().__init__(**kwargs)
+
 
 class ToyBertModel(VLBertModel):
     config_class = ToyBertConfig
