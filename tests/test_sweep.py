@@ -1,0 +1,167 @@
+"""Ray Tune sweeps through the CLI: a crashed trial retried, rates taken from a sweep folder, the
+preset's rates when none is given."""
+
+import json
+
+import pytest
+import yaml
+from conftest import study_args
+from training_helpers import run_metrics
+
+from vlbert.cli import main
+
+# ---- Ray Tune sweeps -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
+    smoke_study, smoke_config, tmp_path, monkeypatch, capsys
+):
+    from vlbert.engine.context import RunInputs
+    from vlbert.study.sweep import run_sweeps
+
+    monkeypatch.setenv("VLBERT_FAULT_ONCE", str(tmp_path / "crashed"))  # the first trial to start crashes once
+    # One Tuner for both tasks, each with its own rates (VCR's SGD needs other rates than AdamW).
+    lrs = {"vcr": [2e-2], "vqa": [1e-3], "refcoco": [1e-3, 3e-3]}
+    preset = {**smoke_config, "sweep": {**smoke_config["sweep"], "lrs": lrs, "max_failures": 1}}
+    summaries = run_sweeps(
+        preset,
+        "no_pretrain",
+        ["refcoco_gt", "vqa"],
+        tmp_path / "sweep",
+        RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"]),
+        cores=2,
+    )
+    assert (tmp_path / "crashed").exists()  # a trial did crash
+    best = {task: json.loads((tmp_path / "sweep" / task / "best.json").read_text()) for task in ("refcoco_gt", "vqa")}
+    assert best == summaries and best["refcoco_gt"]["lr"] in (1e-3, 3e-3) and best["vqa"]["lr"] == 1e-3
+    assert [t["lr"] for t in best["refcoco_gt"]["trials"]] == [1e-3, 3e-3]
+    assert [t["lr"] for t in best["vqa"]["trials"]] == [1e-3]
+    assert all(t["best_val_accuracy"] is not None for b in best.values() for t in b["trials"])  # the crash was retried
+    # Trials never look at test.
+    assert not list((tmp_path / "sweep").rglob("predictions_test.json"))
+    # The seeds re-run each task's chosen rate, every (task, seed) in OUT/<task>/seed<N>/; the
+    # sweep's seed (0) continues the sweep's own trial of that rate, as the workflow does.
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "refcoco_gt",
+                "vqa",
+                "--lr-from",
+                str(tmp_path / "sweep"),
+                "--continue-trial",
+                "--seed",
+                "0",
+                "1",
+                "--out",
+                str(tmp_path / "seeds"),
+                *study_args(smoke_study),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    for task in ("refcoco_gt", "vqa"):
+        assert f"no_pretrain/{task} seed 0: continuing the sweep's trial" in out
+        assert f"no_pretrain/{task} seed 1: continuing" not in out
+        for seed in (0, 1):
+            metrics = json.loads((tmp_path / "seeds" / task / f"seed{seed}" / "metrics.json").read_text())
+            assert (metrics["task"], metrics["seed"], metrics["lr"]) == (task, seed, best[task]["lr"])
+            assert metrics["test"]  # the chosen runs are scored on test
+    # Continuing the trial gives the metrics of a run from scratch.
+    for task in ("refcoco_gt", "vqa"):
+        assert (
+            main(
+                [
+                    "finetune",
+                    "--setting",
+                    "no_pretrain",
+                    "--task",
+                    task,
+                    "--lr",
+                    str(best[task]["lr"]),
+                    "--seed",
+                    "0",
+                    "--out",
+                    str(tmp_path / "scratch" / task),
+                    *study_args(smoke_study),
+                ]
+            )
+            == 0
+        )
+        assert run_metrics(tmp_path / "seeds" / task / "seed0") == run_metrics(tmp_path / "scratch" / task)
+
+
+def test_several_tasks_take_their_rates_from_a_sweep_folder(smoke_study, tmp_path, capsys):
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({"lr": 1e-3}))
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "vqa",
+                "refcoco_gt",
+                "--lr-from",
+                str(best),
+                "--seed",
+                "0",
+                "--out",
+                str(tmp_path / "out"),
+                *study_args(smoke_study),
+            ]
+        )
+        == 2
+    )
+    assert "several tasks need a sweep folder" in capsys.readouterr().err
+
+
+def test_continue_trial_needs_a_sweep_folder(smoke_study, tmp_path, capsys):
+    assert (
+        main(
+            [
+                "finetune",
+                "--setting",
+                "no_pretrain",
+                "--task",
+                "vqa",
+                "--lr",
+                "0.001",
+                "--continue-trial",
+                "--seed",
+                "0",
+                "--out",
+                str(tmp_path / "out"),
+                *study_args(smoke_study),
+            ]
+        )
+        == 2
+    )
+    assert "--continue-trial needs --lr-from with a sweep folder" in capsys.readouterr().err
+
+
+def test_without_a_rate_each_task_takes_its_presets(smoke_study, tmp_path, capsys):
+    args = ["finetune", "--setting", "no_pretrain", "--task", "vcr_q2a", "refcoco_gt", "--seed", "0"]
+    assert main([*args, "--out", str(tmp_path / "out"), *study_args(smoke_study)]) == 0
+    preset = yaml.safe_load(smoke_study["preset"].read_text())["finetune"]
+    for task, section in (("vcr_q2a", "vcr"), ("refcoco_gt", "refcoco")):
+        assert run_metrics(tmp_path / "out" / task / "seed0")["lr"] == preset[section]["lr"]
+    both = ["--lr", "0.001", "--lr-from", str(tmp_path / "best.json")]
+    assert main([*args, *both, "--out", str(tmp_path / "both"), *study_args(smoke_study)]) == 2
+    assert "give at most one of --lr and --lr-from" in capsys.readouterr().err
+
+
+def test_a_task_without_a_rate_anywhere_is_refused_naming_the_key(smoke_study, tmp_path, capsys):
+    preset = yaml.safe_load(smoke_study["preset"].read_text())
+    del preset["finetune"]["vqa"]["lr"]
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset))
+    args = ["finetune", "--setting", "no_pretrain", "--task", "vqa", "--seed", "0", "--out", str(tmp_path / "out")]
+    assert main([*args, *study_args(smoke_study), "--config", str(tmp_path / "preset.yaml")]) == 2
+    assert "finetune.vqa.lr is not set; give --lr or --lr-from for vqa" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
