@@ -56,6 +56,15 @@ def test_a_fine_tuning_task_takes_its_head_keys(tmp_path):
     assert load_config(_write(tmp_path, config))["finetune"]["vqa"]["dropout"] == 0.0
 
 
+def test_vcr_alone_takes_centred_candidates(tmp_path):
+    config = _smoke()
+    config["finetune"]["vcr"]["centre_candidates"] = True
+    assert load_config(_write(tmp_path, config))["finetune"]["vcr"]["centre_candidates"] is True
+    config["finetune"]["vqa"]["centre_candidates"] = True  # VQA has no candidates to centre
+    with pytest.raises(ConfigError, match=r"preset\.yaml: finetune\.vqa\.centre_candidates: unknown key"):
+        load_config(_write(tmp_path, config))
+
+
 def test_wrong_type_is_named(tmp_path):
     config = _smoke()
     config["data"]["synthetic"]["image_size"] = "big"
@@ -203,7 +212,8 @@ def test_the_schema_names_the_registry_s_tasks_families_and_data_sets():
     schema = load_schema()["properties"]
     options_keys = {spec.options_key for spec in TASKS.values()}
     finetune = schema["finetune"]["properties"]
-    task_sections = [key for key, section in finetune.items() if section.get("$ref") == "#/$defs/finetune_task"]
+    task_refs = ("#/$defs/finetune_task", "#/$defs/finetune_fields")  # VCR's adds its own key to the fields
+    task_sections = [key for key, section in finetune.items() if section.get("$ref") in task_refs]
     (lrs,) = [form for form in schema["sweep"]["properties"]["lrs"]["oneOf"] if form.get("type") == "object"]
     synthetic = schema["data"]["properties"]["synthetic"]
     differ = [

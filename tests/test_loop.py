@@ -204,6 +204,21 @@ def test_a_checkpoint_without_an_identity_is_not_resumed(tmp_path, capsys):
     assert "records no identity" in capsys.readouterr().out and loop.steps_timed == 20
 
 
+def test_validation_every_few_epochs_keeps_the_best_validated_epoch_and_scores_the_last(tmp_path):
+    scores = iter([0.5, 0.9, 0.7])
+    loop = tiny_loop(
+        tmp_path,
+        {"lr": 0.1},
+        select_metric="accuracy",
+        evaluate=lambda model: {"accuracy": next(scores)},
+        epochs=5,
+        validate_every=2,
+    )
+    state = loop.fit()
+    assert state.history == [{}, {"accuracy": 0.5}, {}, {"accuracy": 0.9}, {"accuracy": 0.7}]
+    assert state.best_epoch == 3 and state.best_metric == 0.9
+
+
 def test_a_finished_run_writes_its_best_weights_again(tmp_path):
     # Seen: Snakemake deleted best/ of a killed job; the re-run found its finished checkpoint and
     # never wrote best/ again (MissingOutputException on every later run).

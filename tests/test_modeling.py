@@ -723,3 +723,40 @@ def test_the_load_report_shows_only_for_a_checkpoint_that_does_not_fit(tmp_path)
         assert [m for m in reports.seen if "LOAD REPORT" in m and "encoder.layer.1.output.dense.weight" in m]
     finally:
         logger.removeHandler(reports)
+
+
+def test_centred_candidates_score_only_what_tells_a_question_s_candidates_apart():
+    from vlbert.modeling.heads import candidate_logits, task_classifier
+
+    torch.manual_seed(0)
+    classifier = task_classifier(tiny_config(), 1).eval()
+    states = torch.randn(3 * 4, 16)
+    shared = torch.randn(3, 1, 16).expand(3, 4, 16).reshape(12, 16)  # a question's part, its candidates'
+    plain = candidate_logits(classifier, states, 4, centre=False)
+    assert torch.equal(plain, classifier(states).view(3, 4))  # the head as it was, bit for bit
+    assert not torch.allclose(candidate_logits(classifier, states + shared, 4, centre=False), plain)
+    centred = candidate_logits(classifier, states, 4, centre=True)
+    assert torch.allclose(candidate_logits(classifier, states + shared, 4, centre=True), centred, atol=1e-5)
+    grouped = states.view(3, 4, 16)
+    assert torch.allclose(centred, classifier(grouped - grouped.mean(1, keepdim=True)).squeeze(-1), atol=1e-6)
+
+
+def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, regions, processor):
+    images, results = regions
+    question = [Word("how"), Word("does"), Word("circle", roi=1), Word("feel"), Word("?")]
+    encodings = [
+        processor.encode(question, f"it feels {t} .", num_rois=len(results[0].boxes) - 1)
+        for t in ("hot", "warm", "cool", "cold")
+    ]
+    one = visual_inputs(images[:1], results[:1])
+    four = VisualInputs(*(t.expand(4, *t.shape[1:]) for t in (one.boxes, one.image_sizes, one.roi_mask, one.features)))
+    seen = []
+    for centre in (False, True):
+        model = build(VLBertForVCR, smoke_detector, centre_candidates=centre)
+        hook = model.classifier.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        with torch.no_grad():
+            model(**pad_batch(encodings), visual=four)
+        hook.remove()
+    plain, centred = seen
+    assert plain.sum(0).abs().max() > 1e-3
+    assert torch.allclose(centred, plain - plain.mean(0), atol=1e-5)

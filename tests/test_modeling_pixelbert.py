@@ -334,3 +334,17 @@ def test_a_batch_loads_an_image_it_holds_several_times_once(smoke_world):
     region = Regions(boxes, np.zeros(2), np.zeros((2, 8), np.float32), np.arange(2), 96, 96, path)
     visual = visual_batch([region] * 3, with_images=True)
     assert visual.images[0] is visual.images[1] is visual.images[2]
+
+
+def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, images, processor):
+    batch = head_batch(PixelBertForVCR, processor, images)
+    seen = []
+    for centre in (False, True):
+        model = build(PixelBertForVCR, smoke_detector, centre_candidates=centre)
+        hook = model.classifier.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+        with torch.no_grad():
+            model(**batch)
+        hook.remove()
+    plain, centred = seen
+    assert plain.sum(0).abs().max() > 1e-3
+    assert torch.allclose(centred, plain - plain.mean(0), atol=1e-5)

@@ -466,3 +466,25 @@ def test_fine_tuning_refuses_the_features_of_another_fast_rcnn(tmp_path):
         rf"before it was pre-trained again",
     ):
         check_store_features(SETTINGS["full"], [stores["full"]], full)
+
+
+def test_a_fine_tuning_section_s_head_switches_reach_the_task_model_s_config(tmp_path):
+    from vlbert.engine.finetune import head_overrides
+
+    options = {"standardise_head_input": True, "centre_candidates": True, "lr": 1e-3}
+    assert head_overrides(options, tmp_path) == {"standardise_head_input": True, "centre_candidates": True}
+    assert head_overrides({"centre_candidates": False}, tmp_path) == {}
+
+
+def test_a_fraction_s_run_is_validated_as_often_as_the_whole_set_s(smoke_study, smoke_config, tmp_path):
+    from vlbert.config import finetune_epochs
+
+    out = tmp_path / "fraction"
+    args = ["finetune", "--setting", "no_pretrain", "--task", "vqa", "--lr", "0.001", "--seed", "0"]
+    assert main([*args, "--train-fraction", "0.25", "--out", str(out), *study_args(smoke_study)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    whole_set_epochs = finetune_epochs(smoke_config, "vqa")
+    assert metrics["epochs"] >= 3 * whole_set_epochs  # more epochs over fewer examples ...
+    validated = [epoch for epoch, scores in enumerate(metrics["val_history"], 1) if scores]
+    assert len(validated) == whole_set_epochs and validated[-1] == metrics["epochs"]  # ... scored as often
+    assert metrics["best_epoch"] in validated

@@ -45,11 +45,12 @@ HEAD_STATISTICS_ROWS = 2048
 
 def head_overrides(options: dict, start) -> dict:
     """The task model's config fields a preset's fine-tuning section sets: the head's standardised
-    input, and the body's dropout (`dropout`; the new head keeps the start's, as transformers'
-    classifier_dropout does). `start`: the checkpoint fine-tuning starts from."""
+    input, VCR's centred candidates, and the body's dropout (`dropout`; the new head keeps the
+    start's, as transformers' classifier_dropout does). `start`: the checkpoint fine-tuning starts from."""
     overrides = {}
-    if options.get("standardise_head_input"):
-        overrides["standardise_head_input"] = True
+    for switch in ("standardise_head_input", "centre_candidates"):
+        if options.get(switch):
+            overrides[switch] = True
     if "dropout" in options:
         start_config, _ = PretrainedConfig.get_config_dict(str(start))
         head = start_config.get("classifier_dropout")
@@ -135,6 +136,9 @@ class FinetuneStage(Stage):
         self.epochs = epochs = max(
             1, round(finetune_epochs(preset, self.task_name) * math.ceil(full_train / batch_size) / batches)
         )
+        # ... and is validated as often as the whole set's run, at the same steps: a fraction's
+        # run would otherwise spend most of its time scoring val, and choose among more epochs.
+        self.validate_every = max(1, epochs // finetune_epochs(preset, self.task_name))
         self.optimizer = build_optimizer(model, options, self.lr)
         # Step decay epochs scale with the schedule (0.5x epochs: decays at half the epochs too).
         factor = epochs / options["epochs"]

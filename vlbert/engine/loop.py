@@ -60,6 +60,7 @@ class LoopConfig:
     epochs: int
     batches_per_epoch: int
     checkpoint_every: int = 50  # steps; also at every epoch end
+    validate_every: int = 1  # epochs; the last one is always validated
     grad_clip: float = 1.0
     log_every: int = 10
     max_steps: int | None = None  # stop early (benchmarks, quick looks): no validation
@@ -390,10 +391,14 @@ class TrainingLoop:
                 f"parameter checksums {values.tolist()}"
             )
 
+    def _validates(self, epoch: int) -> bool:
+        last = epoch + 1 == self.config.epochs
+        return self.evaluate is not None and (last or (epoch + 1) % self.config.validate_every == 0)
+
     def _end_epoch(self) -> None:
         self._check_in_step()
         s = self.state
-        metrics = self.evaluate(unwrap(self.model)) if self.evaluate is not None and is_main_process() else {}
+        metrics = self.evaluate(unwrap(self.model)) if self._validates(s.epoch) and is_main_process() else {}
         s.history.append(metrics)
         for callback in self.callbacks:
             callback.on_validation_end(self, s.epoch, metrics)

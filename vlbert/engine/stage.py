@@ -32,7 +32,8 @@ class Stage:
     each stage always has, what the runner reads from it then:
 
     - `model`, `optimizer`, `scheduler`: what trains (the model on `device`);
-    - `epochs`, `batches_per_epoch`, `batch_size`: the schedule.
+    - `epochs`, `batches_per_epoch`, `batch_size`: the schedule;
+    - `validate_every`: epochs between validations (the last epoch is always validated).
 
     Class attributes: `select_metric`, the validation metric whose best epoch is kept (None: the
     last epoch); `validates`, whether an epoch is scored at all; `data_parallel`, whether the
@@ -51,6 +52,7 @@ class Stage:
     epochs: int
     batches_per_epoch: int
     batch_size: int
+    validate_every: int = 1
 
     def setup(self) -> None:
         raise NotImplementedError
@@ -104,6 +106,7 @@ def run_stage(
         LoopConfig(
             stage.epochs,
             stage.batches_per_epoch,
+            validate_every=stage.validate_every,
             max_steps=max_steps,
             progress=progress,
             **preset.get("training", {}),

@@ -28,6 +28,8 @@ class VLBertConfig(BertConfig):
         elements take (VL-BERT's `visual_scale_text_init`, 0 in its released configs).
     standardise_head_input: a task head standardises its input per feature with statistics of
         the fine-tuning set, stored with the weights (`vlbert.engine.head_input` takes them).
+    centre_candidates: a multiple-choice head (VCR) reads each candidate's state minus the mean
+        of its question's candidates: what tells them apart, without the part they share.
     classifier_dropout: a task head's dropout (transformers' BertConfig field); None: hidden_dropout_prob.
     """
 
@@ -47,6 +49,7 @@ class VLBertConfig(BertConfig):
         type_vocab_size: int = 3,
         visual_scale_text_init: float = 0.0,
         standardise_head_input: bool = False,
+        centre_candidates: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("attn_implementation", "sdpa")
@@ -67,6 +70,7 @@ class VLBertConfig(BertConfig):
         self.end_token_id = end_token_id
         self.visual_scale_text_init = visual_scale_text_init
         self.standardise_head_input = standardise_head_input
+        self.centre_candidates = centre_candidates
         # The models on AutoModel and AutoModelForPreTraining, which from_pretrained asks after
         # making the config (vlbert/auto.py: why not sooner).
         register_models()

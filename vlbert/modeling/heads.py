@@ -98,6 +98,17 @@ class HeadInputStandardiser(nn.Module):
         return (features - self.mean) / self.std
 
 
+def candidate_logits(classifier: nn.Module, states: torch.Tensor, num_choices: int, centre: bool) -> torch.Tensor:
+    """[B * num_choices, H] candidate states (a question's adjacent) to [B, num_choices] scores.
+    `centre`: each state minus its question's mean over the candidates first. The candidates of a
+    question share most of their state (its question, its image); a head that reads the whole state
+    learns from that shared part slowly, and whether a run left chance depended on its seed."""
+    if centre:
+        grouped = states.view(-1, num_choices, states.shape[-1])
+        states = (grouped - grouped.mean(1, keepdim=True)).flatten(0, 1)
+    return classifier(states).view(-1, num_choices)
+
+
 def task_classifier(config: VLBertConfig, outputs: int) -> nn.Sequential:
     # As transformers' BertForSequenceClassification: its classifier_dropout, else the hidden dropout.
     dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob

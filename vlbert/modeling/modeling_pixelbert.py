@@ -47,6 +47,7 @@ from .heads import (
     IGNORE_INDEX,
     VLBertPreTrainingOutput,
     VLBertTaskOutput,
+    candidate_logits,
     referring_loss,
     relation_loss,
     task_classifier,
@@ -465,7 +466,9 @@ class PixelBertForVCR(PixelBertPreTrainedModel):
     ):
         """Inputs are [B * num_choices, ...] (candidates of one question adjacent), as VLBertForVCR's."""
         out = self.pixelbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = self.classifier(out.last_hidden_state[:, 0]).view(-1, num_choices)
+        logits = candidate_logits(
+            self.classifier, out.last_hidden_state[:, 0], num_choices, self.config.centre_candidates
+        )
         losses = {}
         if labels is not None:
             losses["choice"] = F.cross_entropy(logits, labels)

@@ -42,6 +42,7 @@ from .heads import (
     MaskedRoIHead,
     VLBertPreTrainingOutput,
     VLBertTaskOutput,
+    candidate_logits,
     referring_loss,
     relation_loss,
     task_classifier,
@@ -355,7 +356,9 @@ class ViLBertForVCR(ViLBertPreTrainedModel):
     ):
         """Inputs are [B * num_choices, ...] (candidates of one question adjacent)."""
         outputs = self.vilbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = self.classifier(self.pooled_product(outputs)).view(-1, num_choices)
+        logits = candidate_logits(
+            self.classifier, self.pooled_product(outputs), num_choices, self.config.centre_candidates
+        )
         losses = {}
         if labels is not None:
             losses["choice"] = F.cross_entropy(logits, labels)

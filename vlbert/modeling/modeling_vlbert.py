@@ -34,6 +34,7 @@ from .heads import (
     MaskedRoIHead,
     VLBertPreTrainingOutput,
     VLBertTaskOutput,
+    candidate_logits,
     masked_roi_loss,
     referring_loss,
     relation_loss,
@@ -337,7 +338,7 @@ class VLBertForVCR(VLBertPreTrainedModel):
     ):
         """Inputs are [B * num_choices, ...] (candidates of one question adjacent)."""
         hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = self.classifier(hidden[:, 0]).view(-1, num_choices)
+        logits = candidate_logits(self.classifier, hidden[:, 0], num_choices, self.config.centre_candidates)
         losses = {}
         if labels is not None:
             losses["choice"] = F.cross_entropy(logits, labels)
