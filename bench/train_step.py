@@ -17,11 +17,9 @@ from pathlib import Path
 import torch
 
 from vlbert.config import load_config
-from vlbert.engine.build import load_processor
-from vlbert.engine.context import RunInputs, TrainingContext
+from vlbert.engine.context import run_inputs, training_context
 from vlbert.engine.finetune import finetune
 from vlbert.engine.pretrain import pretrain
-from vlbert.layout import Layout
 from vlbert.registry import SETTINGS, TASKS
 from vlbert.tracking import NullTracker
 
@@ -36,10 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     preset = load_config(args.config)
-    layout = Layout(preset["name"])
-    processor = load_processor(layout.bert, preset["model"].get("max_text_length", 64))
-    inputs = RunInputs(Path(preset["data"]["root"]), layout.features, layout.bert, layout.detector)
-    context = TrainingContext(preset, inputs, processor, NullTracker(), progress=False)
+    context = training_context(preset, run_inputs(preset), NullTracker, progress=False)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.settings:

@@ -1,6 +1,7 @@
-"""The training stages on the smoke study (vlbert/engine/stage.py and its stages): BERT init,
-each setting's pre-training objectives, fine-tuning with the evaluation protocol, the head's
-input statistics, the tuned Fast R-CNN's features."""
+"""The training stages (vlbert/engine/stage.py and its stages): the runner, `run_stage`, on a
+stage of its own; on the smoke study, BERT init, each setting's pre-training objectives,
+fine-tuning with the evaluation protocol, the head's input statistics, the tuned Fast R-CNN's
+features."""
 
 import json
 import re
@@ -10,10 +11,129 @@ import pytest
 import torch
 import yaml
 from conftest import study_args
+from training_helpers import Tiny, saved_weights
 
 from vlbert.cli import main
+from vlbert.engine.callbacks import Callback
+from vlbert.engine.optim import build_optimizer, build_scheduler
+from vlbert.engine.seeding import batch_generator
+from vlbert.engine.stage import Stage, run_stage
 from vlbert.registry import SETTINGS
-from vlbert.tracking import NullTracker
+from vlbert.tracking import EPOCH_METRIC, NullTracker
+
+# ---- the runner ------------------------------------------------------------------------------
+
+
+class RecordingTracker(NullTracker):
+    """What the runner records: the params, each log_metrics call with its step, the runs started."""
+
+    def __init__(self):
+        self.params, self.metrics, self.started = [], [], []
+
+    def start(self, continue_run=None):
+        self.started.append(continue_run)
+        return continue_run or "run-1"
+
+    def log_params(self, params):
+        self.params.append(params)
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((step, metrics))
+
+    def validated_epochs(self) -> list[int]:
+        return [m[EPOCH_METRIC] for _, m in self.metrics if EPOCH_METRIC in m]
+
+
+SCORES = (1.0, 3.0, 2.0)  # LinearStage's validation scores by epoch: the best is epoch 1, not the last
+
+
+class LinearStage(Stage):
+    """A linear model fitting y = x . (1, -2) on 3 epochs of 3 synthetic batches. Its validation
+    scores are scripted (SCORES), so that keeping the last epoch's weights instead of the selected
+    one shows; it counts its training steps and keeps each validated epoch's weights."""
+
+    select_metric = "score"
+
+    def __init__(self, out):
+        self.out = out
+        self.preset = {"training": {"log_every": 1, "checkpoint_every": 100}}
+        self.steps_trained, self.weights_by_epoch = 0, []
+
+    def setup(self):
+        torch.manual_seed(0)
+        self.model = Tiny(2)
+        self.options = {"lr": 0.1, "weight_decay": 0.0}
+        self.epochs, self.batches_per_epoch, self.batch_size = 3, 3, 4
+        self.optimizer = build_optimizer(self.model, self.options)
+        self.scheduler = build_scheduler(self.optimizer, self.options, 9, 3)
+
+    def params(self):
+        return {"optimizer": self.options, "epochs": self.epochs}
+
+    def make_batch(self, epoch, b):
+        x = torch.randn(self.batch_size, 2, generator=batch_generator(0, epoch, b))
+        return {"x": x, "y": x @ torch.tensor([[1.0], [-2.0]])}
+
+    def training_step(self, model, batch):
+        self.steps_trained += 1
+        loss = ((model.linear(batch["x"]) - batch["y"]) ** 2).mean()
+        return loss, {"mse": loss}
+
+    def validate(self, model):
+        self.weights_by_epoch.append({k: v.clone() for k, v in model.state_dict().items()})
+        epoch = len(self.weights_by_epoch) - 1
+        return {"score": SCORES[epoch], "other": -epoch}  # `other` would pick epoch 0
+
+    def identity(self):
+        return {"stage": "linear", "options": self.options}
+
+    def result(self, state, speed):
+        summary = {"best_epoch": state.best_epoch, "best_score": state.best_metric, "steps": state.step}
+        return {**summary, "steps_timed": speed["steps"]}, {"best_score": state.best_metric}
+
+
+def test_run_stage_trains_a_stage_records_it_keeps_its_best_epoch_and_resumes_it_finished(tmp_path):
+    class SeesTheOrder(Callback):
+        """A caller's callback (a sweep's Ray report) sees the epoch already in the tracker and its
+        weights not yet kept as the best: a trial that Ray ends inside its report leaves the best
+        of the epochs before."""
+
+        def __init__(self, tracker):
+            self.tracker, self.seen = tracker, []
+
+        def on_validation_end(self, loop, epoch, metrics):
+            self.seen.append((epoch, len(self.tracker.validated_epochs()), loop.state.best_epoch))
+
+    out = tmp_path / "run"
+    stage, tracker = LinearStage(out), RecordingTracker()
+    order = SeesTheOrder(tracker)
+    result = run_stage(stage, tracker, progress=False, callbacks=(order,))
+
+    assert result == {"best_epoch": 1, "best_score": 3.0, "steps": 9, "steps_timed": 9}
+    assert tracker.params == [stage.params()]
+    assert order.seen == [(0, 1, -1), (1, 2, 0), (2, 3, 1)]  # tracker, the caller's, then the best epoch
+    assert sum("loss_mse" in m for _, m in tracker.metrics) == 9  # the preset's training.log_every reached the loop
+    assert tracker.metrics[-1] == (9, {"best_score": 3.0})  # the stage's final figures, last
+    best = saved_weights(out / "best")
+    assert all(torch.equal(best[k], v) for k, v in stage.weights_by_epoch[1].items())  # the selected epoch's
+    assert not torch.equal(best["linear.weight"], stage.weights_by_epoch[2]["linear.weight"])
+
+    # The same stage again: resumed from its finished checkpoint, in the same tracker run, untrained.
+    again, tracker_again = LinearStage(out), RecordingTracker()
+    assert run_stage(again, tracker_again, progress=False) == {**result, "steps_timed": 0}
+    assert again.steps_trained == 0 and again.weights_by_epoch == []
+    assert tracker_again.started == ["run-1"] and tracker_again.metrics == [(9, {"best_score": 3.0})]
+    assert all(torch.equal(saved_weights(out / "best")[k], v) for k, v in best.items())
+
+
+def test_run_stage_with_max_steps_gives_only_the_loop_s_speed(tmp_path):
+    stage, tracker = LinearStage(tmp_path / "run"), RecordingTracker()
+    speed = run_stage(stage, tracker, progress=False, max_steps=2)
+    assert speed.keys() == {"steps", "examples_per_second", "data_wait_share"} and speed["steps"] == 2
+    assert stage.steps_trained == 2 and stage.weights_by_epoch == []  # stopped mid-epoch: no validation
+    assert not (tmp_path / "run" / "best").exists()
+    assert all(step <= 2 for step, _ in tracker.metrics)  # no final figures
+
 
 # ---- the stages ------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 preset's rates when none is given."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -94,6 +95,40 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
             == 0
         )
         assert run_metrics(tmp_path / "seeds" / task / "seed0") == run_metrics(tmp_path / "scratch" / task)
+
+
+def test_a_trial_runs_with_the_inputs_its_sweep_s_command_resolved(tmp_path, monkeypatch):
+    # `vlbert sweep` resolves the inputs (run_inputs: arguments, else preset, else layout); a trial
+    # runs in Ray's folder for it and rebuilds them with run_inputs from the absolute paths shipped.
+    from vlbert.engine.context import RunInputs, run_inputs
+    from vlbert.layout import Layout
+    from vlbert.registry import setting
+    from vlbert.study.sweep import _absolute_inputs
+
+    study, trial_folder = (tmp_path / "study").resolve(), (tmp_path / "trial").resolve()
+    layout, preset = Layout("p"), {"name": "p", "data": {"root": "data"}, "model": {"bert": None}}
+    trial_folder.mkdir()
+    for folder in ("data", "features", layout.bert, layout.detector, layout.pretrained("full")):
+        (study / folder).mkdir(parents=True)
+    monkeypatch.chdir(study)
+    resolved = run_inputs(preset, setting("full"), features_dir="features")
+    assert resolved == RunInputs(
+        Path("data"), Path("features"), layout.bert, layout.detector, layout.pretrained("full")
+    )
+    assert run_inputs(preset, setting("no_pretrain")).pretrained is None
+    assert run_inputs(preset, bert=str(layout.bert)).bert == layout.bert  # a folder of that name: a path
+    hub = run_inputs(preset, bert="bert-base-uncased")
+    assert hub.bert == "bert-base-uncased"  # no folder of that name: a hub id
+
+    shipped, shipped_hub = _absolute_inputs(resolved), _absolute_inputs(hub)
+    monkeypatch.chdir(trial_folder)
+    trial = run_inputs(preset, **shipped)
+    assert (trial.data_root, trial.features_dir) == (study / "data", study / "features")
+    assert (trial.bert, trial.detector_dir) == (study / layout.bert, study / layout.detector)  # paths, as the CLI's
+    assert trial.pretrained == str(study / layout.pretrained("full"))
+    assert run_inputs(preset, **shipped_hub).bert == "bert-base-uncased"
+    # The layout's BERT stays a path where there is none, so that loading it says it is missing.
+    assert run_inputs(preset).bert == layout.bert
 
 
 def test_several_tasks_take_their_rates_from_a_sweep_folder(smoke_study, tmp_path, capsys):

@@ -1,9 +1,12 @@
-"""What a training stage runs with, gathered once by the caller (the CLI, a sweep trial, a benchmark)."""
+"""What a training stage runs with, gathered once by the caller (the CLI, a sweep trial, a benchmark):
+its inputs (`run_inputs`) and the context around them (`training_context`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..layout import Layout
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,38 @@ class RunInputs:
     bert: str | Path | None = None
     detector_dir: Path | None = None
     pretrained: Path | None = None
+
+
+def run_inputs(
+    preset: dict,
+    setting=None,
+    *,
+    data_root=None,
+    features_dir=None,
+    bert=None,
+    detector_dir=None,
+    pretrained=None,
+) -> RunInputs:
+    """The one place a run's inputs are resolved, for the CLI's runs (study/runs.py, from its
+    arguments) and the sweep's trials (study/sweep.py, from the inputs the sweep's CLI run resolved,
+    made absolute): each one given, else the preset's (`data.root`, `model.bert`), else where the
+    study's layout keeps it; `pretrained`, else the pre-trained checkpoint of a `setting` that
+    pre-trains (else None: the run starts from BERT).
+
+    A BERT named by a string is a folder when one of that name exists, else a hub id; the layout's
+    stays a path even when missing, so that loading it fails as a missing checkpoint (build.py)."""
+    layout = Layout(preset["name"])
+    bert = bert or preset["model"].get("bert") or layout.bert
+    if isinstance(bert, str) and Path(bert).exists():
+        bert = Path(bert)
+    pretrained = pretrained or (layout.pretrained(setting.name) if setting is not None and setting.pretrains else None)
+    return RunInputs(
+        data_root=Path(data_root or preset["data"]["root"]),
+        features_dir=Path(features_dir or layout.features),
+        bert=bert,
+        detector_dir=Path(detector_dir or layout.detector),
+        pretrained=pretrained,
+    )
 
 
 @dataclass(frozen=True)

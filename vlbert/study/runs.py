@@ -176,11 +176,11 @@ def tune_features(args) -> int:
 
 def _training_context(args, stage: str, tags: dict, tracked: bool = True, setting=None) -> TrainingContext:
     """Shared by the training verbs: the preset, threads, device, processor, MLflow tracker, and the
-    run's inputs (the arguments', else where the study's layout keeps them)."""
+    run's inputs (the arguments', else the preset's or the study layout's: `run_inputs`)."""
     import torch
 
     from ..config import load_config
-    from ..engine.context import RunInputs, training_context
+    from ..engine.context import run_inputs, training_context
     from ..engine.distributed import init_from_environment, is_main_process
     from ..tracking import NullTracker, make_tracker
 
@@ -189,19 +189,13 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True, settin
         config["data"]["root"] = args.data
     torch.set_num_threads(args.threads)
     device = init_from_environment(args.device)
-    layout = Layout(config["name"])
-    bert = getattr(args, "bert", None) or config["model"].get("bert") or layout.bert
-    if isinstance(bert, str) and Path(bert).exists():
-        bert = Path(bert)
-    pretrained = getattr(args, "pretrained", None) or (
-        layout.pretrained(setting.name) if setting is not None and setting.pretrains else None
-    )
-    inputs = RunInputs(
-        data_root=Path(config["data"]["root"]),
-        features_dir=Path(getattr(args, "features", None) or layout.features),
-        bert=bert,
-        detector_dir=Path(getattr(args, "detector", None) or layout.detector),
-        pretrained=pretrained,
+    inputs = run_inputs(
+        config,
+        setting,
+        features_dir=getattr(args, "features", None),
+        bert=getattr(args, "bert", None),
+        detector_dir=getattr(args, "detector", None),
+        pretrained=getattr(args, "pretrained", None),
     )
 
     def tracker():

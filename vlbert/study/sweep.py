@@ -12,6 +12,7 @@ Ray's teardown (`run_in_driver_process`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ from pathlib import Path
 from .. import io
 from ..config import finetune_epochs, study_seeds
 from ..engine.callbacks import Callback
-from ..engine.context import RunInputs, training_context
+from ..engine.context import RunInputs, run_inputs, training_context
 from ..registry import TASKS
 from ..tracking import (
     EPOCH_METRIC,
@@ -185,11 +186,13 @@ def _trial(config: dict) -> None:
     status, reporter = "FAILED", TuneReport()
     try:
         tracker.log_params({"lr": lr, "seed": config["seed"]})
-        inputs = RunInputs(
-            config["data_root"], config["features_dir"], config["bert"], config["detector"], config["pretrained"]
-        )
         context = training_context(
-            preset, inputs, lambda: tracker, config["device"], progress=False, callbacks=(reporter,)
+            preset,
+            run_inputs(preset, **config["inputs"]),
+            lambda: tracker,
+            config["device"],
+            progress=False,
+            callbacks=(reporter,),
         )
         out = trial_dir(Path(config["out"]) / task, lr)
         finetune(context, setting(config["setting"]), task, lr, config["seed"], out, score_test=False)
@@ -453,7 +456,6 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
     seed = sweep_seed(preset)
     threads = int(options.get("cpus_per_trial", 1))
     gpus = float(options.get("gpus_per_trial", 0 if device == "cpu" else 1))
-    resolve = lambda p: str(Path(p).resolve()) if p is not None and Path(p).exists() else (str(p) if p else None)
     grid = [{"task": task, "lr": lr} for task in tasks for lr in sweep_lrs(preset, task)]
     space = {
         "trial": tune.grid_search(grid),
@@ -462,11 +464,7 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
         "preset": preset,
         "setting": setting_name,
         "out": str(out),
-        "data_root": resolve(inputs.data_root),
-        "features_dir": resolve(inputs.features_dir),
-        "bert": resolve(inputs.bert),
-        "detector": resolve(inputs.detector_dir),
-        "pretrained": resolve(inputs.pretrained),
+        "inputs": _absolute_inputs(inputs),
         "device": device,
         "parent_run_ids": parent_run_ids,
         "tracking_uri": default_tracking_uri(preset) if any(parent_run_ids.values()) else None,
@@ -500,6 +498,14 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
             }
         )
     return trials
+
+
+def _absolute_inputs(inputs: RunInputs) -> dict:
+    """The run's inputs as a trial's config carries them to `run_inputs` (plain strings, shown in
+    Ray's params.json): those that exist as absolute paths, as a trial runs in Ray's folder for it,
+    not the sweep's; others (a hub id) as given."""
+    absolute = lambda p: str(Path(p).resolve()) if p is not None and Path(p).exists() else (str(p) if p else None)
+    return {field.name: absolute(getattr(inputs, field.name)) for field in dataclasses.fields(inputs)}
 
 
 def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
