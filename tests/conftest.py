@@ -75,16 +75,42 @@ def smoke_world(smoke_config, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smoke_detector(smoke_config, smoke_world, tmp_path_factory):
+    """The smoke preset's detector built, not trained: its `detector` architecture for the world's
+    classes, with train_detector's seeded initial weights, saved as train_detector saves. No test
+    of the fast tier asserts what training gives (the smoke preset's two epochs reach mAP 0 anyway);
+    they need its layout, weights file and features, and the box rule keeps `min_boxes` regions an
+    image whatever the scores. Training is the slow tier's (test_detection.py, the Snakemake study)."""
     import torch
 
-    from vlbert.detection.train import train_detector
-    from vlbert.tracking import NullTracker
+    from vlbert.data.coco import read_coco
+    from vlbert.detection.model import build_faster_rcnn, save_detector
+    from vlbert.detection.train import detector_config
 
+    root = smoke_world / "detector"
+    config = detector_config(
+        read_coco(root / "annotations/instances_train2017.json", root / "train2017"), smoke_config["detector"], root
+    )
+    torch.manual_seed(0)  # train_detector's seed: the weights it would start from
     out = tmp_path_factory.mktemp("detector")
-    torch.set_num_threads(2)
-    metrics = train_detector(smoke_world / "detector", out, smoke_config["detector"], NullTracker())
-    assert 0 <= metrics["val_mAP50"] <= 1
+    save_detector(build_faster_rcnn(config), config, out)
     return out
+
+
+# Session fixtures that train a detector (the Snakemake study trains its own): only slow tests use
+# them, so the fast tier (`make test-fast`) trains none. Collection refuses a fast test that would.
+TRAINS_A_DETECTOR = {"smoke_run"}
+
+
+def pytest_collection_modifyitems(config, items):
+    fast = [
+        f"{item.nodeid} (uses {', '.join(sorted(TRAINS_A_DETECTOR & set(item.fixturenames)))})"
+        for item in items
+        if TRAINS_A_DETECTOR & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow")
+    ]
+    if fast:
+        raise pytest.UsageError(
+            "tests that train a detector must be marked slow, or use smoke_detector:\n  " + "\n  ".join(fast)
+        )
 
 
 @pytest.fixture

@@ -178,6 +178,18 @@ def ground_truth_accuracy_metrics(accuracy: dict) -> dict:
     return flat
 
 
+def detector_config(coco, options: dict, data_root) -> DetectorConfig:
+    """The preset's `detector` architecture (image_size, widths, blocks, c4_stride) for the classes
+    of a COCO split, whose category ids must be 1..n (0 is the background)."""
+    names = [coco.cats[c]["name"] for c in sorted(coco.cats)]
+    if sorted(coco.cats) != list(range(1, len(names) + 1)):
+        raise ValueError(f"{data_root}: category ids must be 1..{len(names)} (0 is the background)")
+    architecture = {k: options[k] for k in ("image_size", "widths", "blocks", "c4_stride") if k in options}
+    return DetectorConfig(
+        class_names=names, **{k: tuple(v) if isinstance(v, list) else v for k, v in architecture.items()}
+    )
+
+
 def train_detector(data_root, out, options: dict, tracker, seed: int = 0, device: str = "cpu") -> dict:
     """Train on `<data_root>/annotations/instances_train2017.json`, score on val, save to `out`.
 
@@ -186,13 +198,7 @@ def train_detector(data_root, out, options: dict, tracker, seed: int = 0, device
     data_root = Path(data_root)
     train = read_coco(data_root / "annotations/instances_train2017.json", data_root / "train2017")
     val = read_coco(data_root / "annotations/instances_val2017.json", data_root / "val2017")
-    names = [train.cats[c]["name"] for c in sorted(train.cats)]
-    if sorted(train.cats) != list(range(1, len(names) + 1)):
-        raise ValueError(f"{data_root}: category ids must be 1..{len(names)} (0 is the background)")
-    architecture = {k: options[k] for k in ("image_size", "widths", "blocks", "c4_stride") if k in options}
-    config = DetectorConfig(
-        class_names=names, **{k: tuple(v) if isinstance(v, list) else v for k, v in architecture.items()}
-    )
+    config = detector_config(train, options, data_root)
     torch.manual_seed(seed)
     model = build_faster_rcnn(config).to(device)
     epochs = int(options.get("epochs", 6))
