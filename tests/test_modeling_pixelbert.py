@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from head_helpers import assert_reads_centred_candidates
 from safetensors.torch import load_file
 
 from vlbert.data.images import load_image
@@ -338,13 +339,4 @@ def test_a_batch_loads_an_image_it_holds_several_times_once(smoke_world):
 
 def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, images, processor):
     batch = head_batch(PixelBertForVCR, processor, images)
-    seen = []
-    for centre in (False, True):
-        model = build(PixelBertForVCR, smoke_detector, centre_candidates=centre)
-        hook = model.classifier.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-        with torch.no_grad():
-            model(**batch)
-        hook.remove()
-    plain, centred = seen
-    assert plain.sum(0).abs().max() > 1e-3
-    assert torch.allclose(centred, plain - plain.mean(0), atol=1e-5)
+    assert_reads_centred_candidates(lambda **config: build(PixelBertForVCR, smoke_detector, **config), batch)

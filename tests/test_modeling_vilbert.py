@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from head_helpers import assert_reads_centred_candidates
 from test_modeling import make_config, regions, text_inputs, visual_inputs  # noqa: F401  (a fixture)
 
 from vlbert.modeling import (
@@ -267,13 +268,4 @@ def test_moving_a_batch_keeps_a_tensor_it_holds_twice_one_tensor():
 def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, regions, processor):  # noqa: F811
     images, results = regions
     batch = head_batches(processor, images, results)[ViLBertForVCR]
-    seen = []
-    for centre in (False, True):
-        model = build(ViLBertForVCR, smoke_detector, centre_candidates=centre)
-        hook = model.classifier.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-        with torch.no_grad():
-            model(**batch)
-        hook.remove()
-    plain, centred = seen
-    assert plain.sum(0).abs().max() > 1e-3
-    assert torch.allclose(centred, plain - plain.mean(0), atol=1e-5)
+    assert_reads_centred_candidates(lambda **config: build(ViLBertForVCR, smoke_detector, **config), batch)
