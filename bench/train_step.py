@@ -3,9 +3,12 @@
 Runs the real pre-training and fine-tuning code (vlbert.engine) for a fixed number of steps and
 prints examples per second and the share of step time the loop waited for its next batch
 (target: under 10%). Needs the mini study's data, detector, feature stores and BERT init
-(`make reproduce`, or the workflow's stages up to bert_init).
+(`make reproduce`, or the workflow's stages up to bert_init). With several `--finetune-settings`,
+each task's fine-tuning cost per example is also printed against the first setting's (a Pixel-BERT
+row against VL-BERT's: the systems issue's bar is 2x).
 
     python bench/train_step.py [--config experiments/mini.yaml] [--steps 20]
+    python bench/train_step.py --settings --finetune-settings no_pretrain pixelbert_no_pretrain --threads 1
 """
 
 from __future__ import annotations
@@ -29,26 +32,34 @@ def main() -> None:
     parser.add_argument("--config", default="experiments/mini.yaml")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--settings", nargs="+", default=["a", "b", "c", "d", "full"])
+    parser.add_argument("--settings", nargs="*", default=["a", "b", "c", "d", "full"], help="pre-training settings")
+    parser.add_argument("--finetune-settings", nargs="+", default=["no_pretrain"], help="fine-tuned from their start")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     preset = load_config(args.config)
     context = training_context(preset, run_inputs(preset), NullTracker, progress=False)
-    rows = []
+    rows, costs = [], {}  # costs: per task, (setting, seconds per example) in --finetune-settings' order
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.settings:
             speed = pretrain(context, SETTINGS[name], Path(scratch) / f"pretrain_{name}", max_steps=args.steps)
             rows.append((f"pretrain {name}", preset["pretrain"]["batch_size"], speed))
         for task in args.tasks:
-            out = Path(scratch) / f"finetune_{task}"
-            speed = finetune(context, SETTINGS["no_pretrain"], task, 1e-3, 0, out, max_steps=args.steps)
-            key = {"vqa": "vqa", "refcoco_det": "refcoco", "refcoco_gt": "refcoco"}.get(task, "vcr")
-            rows.append((f"finetune {task}", preset["finetune"][key]["batch_size"], speed))
+            batch = preset["finetune"][TASKS[task].options_key]["batch_size"]
+            for name in args.finetune_settings:
+                out = Path(scratch) / f"finetune_{name}_{task}"
+                speed = finetune(context, SETTINGS[name], task, 1e-3, 0, out, max_steps=args.steps)
+                rows.append((f"finetune {task} {name}", batch, speed))
+                costs.setdefault(task, []).append((name, 1 / speed["examples_per_second"]))
     print(f"{preset['name']} preset, {args.steps} steps each, {args.threads} threads")
-    print(f"{'stage':24} {'batch':>5} {'examples/s':>11} {'data wait':>10}")
+    print(f"{'stage':44} {'batch':>5} {'examples/s':>11} {'data wait':>10}")
     for stage, batch, speed in rows:
-        print(f"{stage:24} {batch:5d} {speed['examples_per_second']:11.1f} {100 * speed['data_wait_share']:9.1f}%")
+        print(f"{stage:44} {batch:5d} {speed['examples_per_second']:11.1f} {100 * speed['data_wait_share']:9.1f}%")
+    if len(args.finetune_settings) > 1:
+        first = args.finetune_settings[0]
+        print(f"fine-tuning seconds per example against {first}'s:")
+        for task, (base, *others) in costs.items():
+            print(f"  {task:12} " + "  ".join(f"{name} {cost / base[1]:.2f}x" for name, cost in others))
     worst = max(speed["data_wait_share"] for _, _, speed in rows)
     print(f"largest data-wait share (target < 10%): {100 * worst:.1f}%")
 
