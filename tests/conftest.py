@@ -197,6 +197,11 @@ def smoke_validation(smoke_study, smoke_config):
     return val, processor, PretrainCollator(processor, setting, val)
 
 
+def finetune_args(setting, task, lr, seed):
+    """`vlbert finetune`'s arguments that name a run: what the CLI tests vary."""
+    return ["finetune", "--setting", setting, "--task", task, "--lr", str(lr), "--seed", str(seed)]
+
+
 def study_args(study, *extra):
     """CLI arguments that point a training verb at the smoke study's files."""
     return [

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import study_args
+from conftest import finetune_args, study_args
 from training_helpers import Tiny
 
 from vlbert.engine.optim import build_optimizer, build_scheduler
@@ -31,15 +31,7 @@ def test_two_processes_on_cpu_stay_in_step(smoke_study, tmp_path):
             "29517",
             "-m",
             "vlbert.cli",
-            "finetune",
-            "--setting",
-            "no_pretrain",
-            "--task",
-            "vcr_q2a",
-            "--lr",
-            "0.02",
-            "--seed",
-            "0",
+            *finetune_args("no_pretrain", "vcr_q2a", "0.02", "0"),
             "--out",
             str(out),
             *study_args(smoke_study),

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 import yaml
-from conftest import study_args
+from conftest import finetune_args, study_args
 from training_helpers import Killed, Tiny, loader_loop, run_metrics, saved_weights, tiny_loop
 
 from vlbert.cli import main
@@ -29,15 +29,7 @@ def test_same_seed_same_metrics(smoke_study, tmp_path):
         assert (
             main(
                 [
-                    "finetune",
-                    "--setting",
-                    "no_pretrain",
-                    "--task",
-                    "vcr_q2a",
-                    "--lr",
-                    "0.02",
-                    "--seed",
-                    "3",
+                    *finetune_args("no_pretrain", "vcr_q2a", "0.02", "3"),
                     "--out",
                     str(tmp_path / run),
                     *study_args(smoke_study),
@@ -52,15 +44,7 @@ def test_finetune_into_a_folder_of_another_rate_starts_afresh(smoke_study, tmp_p
     # Seen: `--lr 5e-2` into a folder finished at 1e-3 wrote "lr": 0.05 beside 1e-3's numbers.
     run = lambda lr, out: main(
         [
-            "finetune",
-            "--setting",
-            "no_pretrain",
-            "--task",
-            "vcr_q2a",
-            "--lr",
-            lr,
-            "--seed",
-            "3",
+            *finetune_args("no_pretrain", "vcr_q2a", lr, "3"),
             "--out",
             str(tmp_path / out),
             *study_args(smoke_study),
@@ -83,15 +67,7 @@ def test_continue_trial_resumes_only_a_trial_of_the_same_run(smoke_study, tmp_pa
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump(preset))
     trial = [
-        "finetune",
-        "--setting",
-        "no_pretrain",
-        "--task",
-        "vcr_q2a",
-        "--lr",
-        "0.001",
-        "--seed",
-        "0",
+        *finetune_args("no_pretrain", "vcr_q2a", "0.001", "0"),
         "--out",
         str(sweep / "trials" / "lr_0.001"),
         *study_args({**smoke_study, "preset": other}),
@@ -130,15 +106,7 @@ def test_killed_run_resumes_to_the_same_metrics(smoke_study, tmp_path):
         sys.executable,
         "-m",
         "vlbert.cli",
-        "finetune",
-        "--setting",
-        "no_pretrain",
-        "--task",
-        "vqa",
-        "--lr",
-        "0.001",
-        "--seed",
-        "0",
+        *finetune_args("no_pretrain", "vqa", "0.001", "0"),
         *study_args(study),
         "--threads",
         "1",

@@ -5,7 +5,7 @@ import shutil
 import time
 
 import pytest
-from conftest import study_args
+from conftest import finetune_args, study_args
 from training_helpers import Killed, tiny_loop
 
 from vlbert.cli import main
@@ -24,15 +24,7 @@ def test_finetune_run_is_recorded_in_mlflow(smoke_study, tmp_path, monkeypatch):
     assert (
         main(
             [
-                "finetune",
-                "--setting",
-                "no_pretrain",
-                "--task",
-                "refcoco_gt",
-                "--lr",
-                "0.001",
-                "--seed",
-                "2",
+                *finetune_args("no_pretrain", "refcoco_gt", "0.001", "2"),
                 "--out",
                 str(tmp_path / "run"),
                 *args,
@@ -70,15 +62,7 @@ def test_unreachable_tracking_store_fails_at_start(smoke_study, tmp_path, monkey
     assert (
         main(
             [
-                "finetune",
-                "--setting",
-                "no_pretrain",
-                "--task",
-                "vqa",
-                "--lr",
-                "0.001",
-                "--seed",
-                "0",
+                *finetune_args("no_pretrain", "vqa", "0.001", "0"),
                 "--out",
                 str(tmp_path / "run"),
                 *args,
@@ -119,15 +103,7 @@ def _tracked_finetune(smoke_study, tmp_path, monkeypatch):
     def finetune(lr, *more):
         return main(
             [
-                "finetune",
-                "--setting",
-                "no_pretrain",
-                "--task",
-                "vqa",
-                "--lr",
-                lr,
-                "--seed",
-                "0",
+                *finetune_args("no_pretrain", "vqa", lr, "0"),
                 "--out",
                 str(tmp_path / "run"),
                 *args,

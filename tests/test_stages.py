@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 import yaml
-from conftest import study_args
+from conftest import finetune_args, study_args
 from training_helpers import Tiny, saved_weights
 
 from vlbert.cli import main
@@ -340,15 +340,7 @@ def test_finetune_follows_the_protocol_and_evaluate_agrees(smoke_study, task, tm
     assert (
         main(
             [
-                "finetune",
-                "--setting",
-                "no_pretrain",
-                "--task",
-                task,
-                "--lr",
-                lr,
-                "--seed",
-                "0",
+                *finetune_args("no_pretrain", task, lr, "0"),
                 "--out",
                 str(out),
                 *study_args(smoke_study),
@@ -498,15 +490,7 @@ def test_full_fine_tunes_on_the_features_of_its_tuned_fast_rcnn(smoke_study, tmp
     assert (
         main(
             [
-                "finetune",
-                "--setting",
-                "full",
-                "--task",
-                "refcoco_det",
-                "--lr",
-                "0.001",
-                "--seed",
-                "1",
+                *finetune_args("full", "refcoco_det", "0.001", "1"),
                 "--out",
                 str(tmp_path / "full"),
                 "--pretrained",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import study_args
+from conftest import finetune_args, study_args
 from training_helpers import run_metrics
 
 from vlbert.cli import main
@@ -78,15 +78,7 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
         assert (
             main(
                 [
-                    "finetune",
-                    "--setting",
-                    "no_pretrain",
-                    "--task",
-                    task,
-                    "--lr",
-                    str(best[task]["lr"]),
-                    "--seed",
-                    "0",
+                    *finetune_args("no_pretrain", task, str(best[task]["lr"]), "0"),
                     "--out",
                     str(tmp_path / "scratch" / task),
                     *study_args(smoke_study),
