@@ -371,3 +371,42 @@ def test_the_transform_skips_only_a_resize_that_would_return_its_input(shape, re
     expected, _ = theirs([image])
     assert batch.image_sizes == expected.image_sizes
     assert torch.equal(batch.tensors, expected.tensors)
+
+
+def test_standardised_pixels_read_the_cnn_map_on_its_training_images_statistics(smoke_detector, images, tmp_path):
+    model = build(PixelBertForPreTraining, smoke_detector, pixel_standardise=True)
+    embeddings, cnn = model.pixelbert.pixel_embeddings, model.pixelbert.cnn
+    assert torch.equal(embeddings.feature_mean, torch.zeros_like(embeddings.feature_mean))
+    model.fit_pixel_statistics(iter(images * 3))
+    with torch.no_grad():
+        features, _ = cnn(images)
+    standardised = (features - embeddings.feature_mean[:, None, None]) / embeddings.feature_std[:, None, None]
+    per_channel = standardised.transpose(0, 1).flatten(1)  # every cell of both images is on its image
+    live = features.transpose(0, 1).flatten(1).std(1) > 1e-3
+    torch.testing.assert_close(per_channel.mean(1), torch.zeros(len(per_channel)), atol=1e-4, rtol=0)
+    deviations = per_channel[live].std(1, unbiased=False)
+    torch.testing.assert_close(deviations, torch.ones(int(live.sum())), atol=1e-3, rtol=0)
+    # The conv reads the standardised map: the tokens move with the statistics.
+    with torch.no_grad():
+        tokens, _ = embeddings(features)
+        embeddings.feature_mean.add_(1.0)
+        moved, _ = embeddings(features)
+        embeddings.feature_mean.sub_(1.0)
+    assert not torch.allclose(tokens, moved)
+    # The statistics are saved with the weights and loaded back.
+    model.save_pretrained(tmp_path)
+    loaded = PixelBertForVQA.from_pretrained(tmp_path, num_answers=5).pixelbert.pixel_embeddings
+    assert torch.equal(loaded.feature_mean, embeddings.feature_mean)
+    assert torch.equal(loaded.feature_std, embeddings.feature_std)
+
+
+def test_without_standardised_pixels_the_training_images_are_not_read(smoke_detector):
+    def unread():
+        raise AssertionError("read an image")
+        yield
+
+    model = build(PixelBertForVQA, smoke_detector)
+    model.fit_pixel_statistics(unread())
+    assert not hasattr(model.pixelbert.pixel_embeddings, "feature_mean")
+    with pytest.raises(ValueError, match="no images"):
+        build(PixelBertForVQA, smoke_detector, pixel_standardise=True).fit_pixel_statistics(iter([]))

@@ -89,3 +89,105 @@ def test_a_system_pretrains_with_its_objectives_and_fine_tunes_every_task(smoke_
     assert main([*args, "--out", str(run), *study_args(smoke_study)]) == 0
     head = json.loads((run / "best" / "config.json").read_text())
     assert head["architectures"] == [model_class_name(no_pretrain, "refcoco_det")]
+
+
+def test_the_builder_gives_pixel_statistics_to_a_family_that_takes_them(smoke_study, smoke_config):
+    """`build_model`'s training images are read only by a family that standardises its pixels."""
+    import copy
+    from pathlib import Path
+
+    from vlbert.detection.sources import image_items
+    from vlbert.engine.build import build_model
+    from vlbert.modeling import PixelBertForVQA, VLBertForVQA
+
+    paths = [item.path for item in image_items(smoke_study["data"] / "vqa", "vqa", "train2014")]
+    missing = (Path("/nonexistent") / f"{k}.png" for k in range(3))
+    bert, detector = smoke_study["bert"], smoke_study["detector"]
+    build_model(VLBertForVQA, smoke_config, bert, detector, image_paths=missing, num_answers=5)
+    build_model(PixelBertForVQA, smoke_config, bert, detector, image_paths=missing, num_answers=5)
+    preset = copy.deepcopy(smoke_config)
+    preset.setdefault("model", {}).setdefault("pixelbert", {})["pixel_standardise"] = True
+    model, _ = build_model(PixelBertForVQA, preset, bert, detector, image_paths=iter(paths), num_answers=5)
+    embeddings = model.pixelbert.pixel_embeddings
+    assert model.config.pixel_standardise and embeddings.feature_mean.abs().sum() > 0
+    assert (embeddings.feature_std > 0).all()
+
+
+def test_detected_objects_counts_each_confident_object_once():
+    import numpy as np
+
+    from vlbert.tasks.pretraining import detected_objects
+    from vlbert.tasks.regions import Regions
+
+    # Row 0 the whole image; a circle found twice (red 0.6, orange 0.3 of the same box), a square, a faint box.
+    boxes = np.array([[0, 0, 96, 96], [10, 10, 40, 40], [11, 10, 40, 41], [60, 60, 90, 90], [50, 5, 70, 25]], float)
+    probs = np.zeros((5, 4))
+    probs[:, 0] = 0.1
+    probs[1, 1], probs[2, 2], probs[3, 3], probs[4, 1] = 0.6, 0.55, 0.9, 0.3
+    regions = Regions(boxes, np.zeros(5), np.zeros((5, 8)), np.arange(5), 96, 96, probs=probs)
+    assert detected_objects(regions, 0.5) == 2
+    assert detected_objects(regions, 0.2) == 3
+    assert detected_objects(regions, 0.95) == 0
+    with pytest.raises(ValueError, match="no class probabilities"):
+        detected_objects(Regions(boxes, np.zeros(5), np.zeros((5, 8)), np.arange(5), 96, 96), 0.5)
+
+
+def test_a_curriculum_epoch_passes_over_the_few_object_captions_in_a_fresh_order_each_round():
+    from types import SimpleNamespace
+
+    from vlbert.engine.pretrain import PretrainStage
+
+    stage = SimpleNamespace(batch_size=4, few_object=[3, 5, 7, 11, 13], seed=0)
+    picks = [PretrainStage._few_object_picks(stage, 0, b) for b in range(5)]  # 20 picks: 4 rounds of 5
+    flat = [i for batch in picks for i in batch]
+    rounds = [flat[k : k + 5] for k in range(0, 20, 5)]
+    assert all(sorted(r) == stage.few_object for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # not one order repeated
+    assert picks == [PretrainStage._few_object_picks(stage, 0, b) for b in range(5)]  # a resumed run's picks
+    assert picks != [PretrainStage._few_object_picks(stage, 1, b) for b in range(5)]
+
+
+def test_a_curriculum_names_known_settings(smoke_config):
+    import copy
+
+    from vlbert.config import pretrain_curriculum
+
+    preset = copy.deepcopy(smoke_config)
+    assert pretrain_curriculum(preset, "pixelbert") is None
+    preset["pretrain"]["curriculum"] = {"settings": ["pixelbert"], "epochs": 1, "max_objects": 1}
+    assert pretrain_curriculum(preset, "pixelbert")["max_objects"] == 1
+    assert pretrain_curriculum(preset, "a") is None
+    preset["pretrain"]["curriculum"]["settings"] = ["pixelbrt"]
+    with pytest.raises(Exception, match="pixelbrt"):
+        pretrain_curriculum(preset, "a")
+
+
+def test_pixel_bert_pre_trains_with_standardised_pixels_and_a_curriculum(
+    smoke_study, smoke_config, tmp_path, monkeypatch
+):
+    import copy
+
+    from vlbert.engine.build import load_processor
+    from vlbert.engine.context import RunInputs, TrainingContext
+    from vlbert.engine.pretrain import PretrainStage, pretrain
+    from vlbert.tracking import NullTracker
+
+    preset = copy.deepcopy(smoke_config)
+    preset["model"]["pixelbert"]["pixel_standardise"] = True
+    preset["pretrain"] = {**preset["pretrain"], "epochs": 2}
+    preset["pretrain"]["curriculum"] = {"settings": ["pixelbert_no_sampling"], "epochs": 1, "max_objects": 1}
+    picked = []
+    original = PretrainStage._few_object_picks
+
+    def record(self, epoch, b):
+        picked.append(epoch)
+        return original(self, epoch, b)
+
+    inputs = RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"])
+    context = TrainingContext(preset, inputs, load_processor(smoke_study["bert"], 40), NullTracker(), progress=False)
+    monkeypatch.setattr(PretrainStage, "_few_object_picks", record)
+    summary = pretrain(context, SETTINGS["pixelbert_no_sampling"], tmp_path / "pretrain")
+    assert picked and set(picked) == {0}  # the first epoch only
+    assert "ground_colour_own" in summary["val"]
+    config = json.loads((tmp_path / "pretrain" / "best" / "config.json").read_text())
+    assert config["pixel_standardise"] is True

@@ -188,6 +188,17 @@ def data_fractions(config: dict) -> tuple[list[float], list[str]]:
     return list(section["fractions"]), [s for s in section["settings"] if s in studied]
 
 
+def pretrain_curriculum(config: dict, setting_name: str) -> dict | None:
+    """`pretrain.curriculum` where it names `setting_name` (its first epochs on the captions of
+    images with few objects), else None."""
+    section = config.get("pretrain", {}).get("curriculum")
+    if not section:
+        return None
+    for name in section["settings"]:
+        setting(name)  # an unknown name is refused, naming the known ones
+    return section if setting_name in section["settings"] else None
+
+
 def finetune_options(config: dict, task_name: str) -> dict:
     """The task's section of `finetune` (optimiser, schedule, epochs, batch size)."""
     return config["finetune"][task(task_name).options_key]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..data.images import load_image
 from ..detection.model import CONFIG_FILE as DETECTOR_CONFIG
 from ..modeling import VLBertConfig, VLBertProcessor
 from ..modeling.configuration_vlbert import END_TOKEN, IMG_TOKEN
@@ -45,13 +46,17 @@ def model_config(config_class, preset: dict, bert: str | Path, detector_dir, **o
     )
 
 
-def build_model(cls, preset: dict, bert, detector_dir, appearance_mean=None, **overrides):
+def build_model(cls, preset: dict, bert, detector_dir, appearance_mean=None, image_paths=None, **overrides):
     """A new VL-BERT head model: text weights from `bert`, Fast R-CNN from the detector, and the
     appearance features centred on `appearance_mean` (that of its training images, from
-    `data.feature_mean`; None: not centred). Returns (model, load report)."""
+    `data.feature_mean`; None: not centred). `image_paths`: the training images in order, for a
+    family that takes statistics of their pixels (`fit_pixel_statistics`; read lazily, only if it
+    does). Returns (model, load report)."""
     model = cls(model_config(cls.config_class, preset, bert, detector_dir, **overrides))
     report = model.load_bert(bert)
     model.load_detector(detector_dir)
     if appearance_mean is not None:
         model.center_appearance(appearance_mean)
+    if image_paths is not None:
+        model.fit_pixel_statistics(load_image(path) for path in image_paths)
     return model, report

@@ -128,6 +128,7 @@ class FinetuneStage(Stage):
                 inputs.detector_dir,
                 **overrides,
                 appearance_mean=feature_mean(e["regions"] for e in train),
+                image_paths=(e["regions"].image_path for e in train),
             )
         self.model = model.to(self.device)
         self.batch_size = batch_size = options["batch_size"]

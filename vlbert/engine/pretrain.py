@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
+from ..config import pretrain_curriculum
 from ..detection.identity import study_detector
 from ..registry import PRETRAINING_STORES, family_class
-from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator
+from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, detected_objects
 from ..tasks.regions import feature_mean, features_path, open_store
 from .build import build_model
 from .checkpoint import input_identity
@@ -79,12 +80,21 @@ class PretrainStage(Stage):
             tune_frcnn=setting.tune_frcnn,
             **sampling,
             appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))),
+            image_paths=(captions[i]["regions"].image_path for i in range(len(captions))),
         )
         self.model = model.to(self.device)
         val = CaptionDataset(
             data_root / "conceptual_captions", val_store.split, open_store(features_dir, val_store), max_rois
         )
         self.corpus = CorpusDataset(data_root / "text_corpus" / "corpus.txt") if setting.text_corpus else None
+        self.curriculum = pretrain_curriculum(preset, setting.name)
+        if self.curriculum is not None:
+            # Where a masked word has one answer in the image: its objects' only one, or few.
+            most, min_score = self.curriculum["max_objects"], self.curriculum.get("min_score", 0.5)
+            objects = [detected_objects(captions[i]["regions"], min_score) for i in range(len(captions))]
+            self.few_object = [i for i, count in enumerate(objects) if count <= most]
+            if not self.few_object:
+                raise ValueError(f"pretrain.curriculum: no training caption's image has at most {most} objects")
         self.collate, self.text_collate = PretrainCollator(processor, setting, captions), TextOnlyCollator(processor)
         self.batch_size = batch_size = options["batch_size"]
         self.batches_per_epoch = batches = math.ceil(len(captions) / batch_size)
@@ -106,21 +116,33 @@ class PretrainStage(Stage):
             "captions": len(self.captions),
             "passages": len(self.corpus) if self.corpus else 0,
             "new_parameters": len(self.report["new"]),
+            **({"few_object_captions": len(self.few_object)} if self.curriculum is not None else {}),
         }
 
     def make_batch(self, epoch, b):
         seed, batch_size, captions, corpus = self.seed, self.batch_size, self.captions, self.corpus
-        order = epoch_order(len(captions), seed, epoch)
-        batch = {
-            "caption": self.collate(
-                [captions[i] for i in order[b * batch_size : (b + 1) * batch_size]], batch_generator(seed, epoch, b)
-            )
-        }
+        if self.curriculum is not None and epoch < self.curriculum["epochs"]:
+            picks = self._few_object_picks(epoch, b)
+        else:
+            picks = epoch_order(len(captions), seed, epoch)[b * batch_size : (b + 1) * batch_size]
+        batch = {"caption": self.collate([captions[i] for i in picks], batch_generator(seed, epoch, b))}
         if corpus is not None:  # the text-only corpus, 1:1 with the captions in every step
             text_order = epoch_order(len(corpus), seed, epoch, "text")
             picks = [text_order[(b * batch_size + k) % len(corpus)] for k in range(batch_size)]
             batch["text"] = self.text_collate([corpus[i] for i in picks], batch_generator(seed, epoch, b, "text"))
         return batch
+
+    def _few_object_picks(self, epoch: int, b: int) -> list[int]:
+        """Batch b of a curriculum epoch: as many steps as a whole epoch, each over the few-object
+        captions, passing over them in a fresh order each time round."""
+        size, n = self.batch_size, len(self.few_object)
+        orders, picks = {}, []
+        for position in range(b * size, (b + 1) * size):
+            round_, k = divmod(position, n)
+            if round_ not in orders:
+                orders[round_] = epoch_order(n, self.seed, epoch, f"curriculum{round_}")
+            picks.append(self.few_object[orders[round_][k]])
+        return picks
 
     def training_step(self, model, batch):
         outputs = [("", model(**batch["caption"]))]

@@ -27,6 +27,10 @@ class PixelBertConfig(VLBertConfig):
         has at least `POOL_MIN_SIDE` (16) cells on its shorter side, so that the pooled map keeps
         8 or more (ResNet-50 at 800 px: 25 cells, pooled, the paper's 64x down-sampling; a 96-px
         image through a stride-16 detector trunk: 6 cells, kept whole).
+    pixel_standardise: each channel of the C5 map standardised (its mean and deviation over the
+        cells of the training images that lie on their image, set by `fit_pixel_statistics`) before
+        the pixel embedding's conv, as VL-BERT centres its regions' appearance features. False:
+        the map as the CNN gives it.
     cnn: "detector": the detector's trunk (its ResNet to C4, then its C5 stage over the whole map),
         initialised from the trained detector by `load_detector`; "resnet50": torchvision's
         ResNet-50 to C5, for real images, its ImageNet weights loaded by the caller
@@ -43,6 +47,7 @@ class PixelBertConfig(VLBertConfig):
         self,
         pixel_samples: int = 0,
         pixel_pool: bool | None = None,
+        pixel_standardise: bool = False,
         cnn: str = "detector",
         image_min_size: int | None = None,
         image_max_size: int | None = None,
@@ -55,6 +60,7 @@ class PixelBertConfig(VLBertConfig):
             raise ValueError(f"PixelBertConfig.pixel_samples must be >= 0, got {pixel_samples}")
         self.pixel_samples = pixel_samples
         self.pixel_pool = pixel_pool
+        self.pixel_standardise = pixel_standardise
         self.cnn = cnn
         self.image_min_size = image_min_size
         self.image_max_size = image_max_size

@@ -25,8 +25,10 @@ transformers `PreTrainedModel`s, on AutoConfig / AutoModel / AutoModelForPreTrai
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +61,10 @@ from .pretrained import StudyPreTrainedModel
 # The 2x2 max-pool applies (pixel_pool=None) when the map has at least this many cells on its
 # shorter side, so that the pooled one keeps at least half as many.
 POOL_MIN_SIDE = 16
+# pixel_standardise: the training images the C5 channels' statistics are taken over, and the
+# smallest deviation divided by (a channel the CNN never fires is left near zero, not blown up).
+PIXEL_STATISTICS_IMAGES = 512
+STANDARDISE_MIN_STD = 1e-3
 # RefCOCO+: RoIAlign's output per box (then averaged), each bin of 2 x 2 bilinear samples.
 ROI_SIZE = 2
 # torchvision's ResNet module names -> PixelBertCNN's (load_resnet_state).
@@ -173,10 +179,15 @@ class PixelBertCNN(nn.Module):
 class PixelBertPixelEmbeddings(nn.Module):
     """C5 map -> pixel tokens: 3x3 conv to the hidden width, 2x2 max-pool where the map is large
     enough (`pixel_pool`), ReLU, flattened in raster order; plus the paper's semantic embedding
-    s_v, one learned vector shared by every pixel (BERT's embeddings add the image segment)."""
+    s_v, one learned vector shared by every pixel (BERT's embeddings add the image segment).
+    With `pixel_standardise`, the map's channels are standardised first (buffers `feature_mean`,
+    `feature_std`, saved with the weights)."""
 
     def __init__(self, config: PixelBertConfig, in_channels: int, cnn_stride: int):
         super().__init__()
+        if config.pixel_standardise:
+            self.register_buffer("feature_mean", torch.zeros(in_channels))
+            self.register_buffer("feature_std", torch.ones(in_channels))
         self.conv = nn.Conv2d(in_channels, config.hidden_size, 3, padding=1)
         pool = config.pixel_pool
         if pool is None:
@@ -188,8 +199,20 @@ class PixelBertPixelEmbeddings(nn.Module):
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, C, h', w'] -> [B, h * w, H] tokens and the map's (h, w)."""
+        if hasattr(self, "feature_mean"):
+            features = (features - self.feature_mean[:, None, None]) / self.feature_std[:, None, None]
         pixel_map = F.relu(self.pool(self.conv(features)))
         return pixel_map.flatten(2).transpose(1, 2) + self.visual_embedding, tuple(pixel_map.shape[2:])
+
+
+def cells_on_image(resized: torch.Tensor, stride: int, map_size) -> torch.Tensor:
+    """[B, h, w] bool: the map cells on their image; those past its resized size ([B, 2] height,
+    width) are the batch's padding."""
+    h, w = map_size
+    on_image = torch.div(resized + stride - 1, stride, rounding_mode="floor")  # [B, 2] cells (h, w)
+    rows = torch.arange(h, device=resized.device)[None, :, None] < on_image[:, 0, None, None]
+    cols = torch.arange(w, device=resized.device)[None, None, :] < on_image[:, 1, None, None]
+    return rows & cols
 
 
 @dataclass
@@ -263,7 +286,31 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
 
     def center_appearance(self, mean: torch.Tensor) -> None:
         """Nothing to do: Pixel-BERT has no region appearance features to centre (VL-BERT centres
-        its regions' on the training images' mean)."""
+        its regions' on the training images' mean); `fit_pixel_statistics` is its counterpart."""
+
+    @torch.no_grad()
+    def fit_pixel_statistics(self, images: Iterable[torch.Tensor]) -> None:
+        """With `pixel_standardise`: each C5 channel's mean and deviation over the on-image cells of
+        the first `PIXEL_STATISTICS_IMAGES` training images (float RGB [3, H, W] in [0, 1]), which
+        the pixel embedding standardises the map with. Without it, `images` is not read."""
+        if not self.config.pixel_standardise:
+            return
+        embeddings, cnn = self.base_model.pixel_embeddings, self.base_model.cnn
+        total, total_sq, count = 0.0, 0.0, 0
+        images = iter(itertools.islice(images, PIXEL_STATISTICS_IMAGES))
+        while batch := list(itertools.islice(images, 32)):
+            features, resized = cnn(batch)
+            features = features.double()
+            cells = cells_on_image(resized, cnn.stride, features.shape[2:]).unsqueeze(1).to(features.dtype)
+            total = total + (features * cells).sum((0, 2, 3))
+            total_sq = total_sq + (features.square() * cells).sum((0, 2, 3))
+            count += int(cells.sum())
+        if not count:
+            raise ValueError("no images to take the pixel features' statistics from")
+        mean = total / count
+        std = (total_sq / count - mean.square()).clamp_min(0).sqrt().clamp_min(STANDARDISE_MIN_STD)
+        embeddings.feature_mean.copy_(mean.float())
+        embeddings.feature_std.copy_(std.float())
 
 
 class PixelBertModel(PixelBertPreTrainedModel):
@@ -296,11 +343,7 @@ class PixelBertModel(PixelBertPreTrainedModel):
             index = torch.tensor([rows.index(id(image)) for image in images], device=tokens.device)
             tokens, resized = tokens[index], resized[index]
         stride = self.pixel_embeddings.stride
-        # The cells on the image; those past its resized size are the batch's padding.
-        on_image = torch.div(resized + stride - 1, stride, rounding_mode="floor")  # [B, 2] cells (h, w)
-        rows = torch.arange(h, device=tokens.device)[None, :, None] < on_image[:, 0, None, None]
-        cols = torch.arange(w, device=tokens.device)[None, None, :] < on_image[:, 1, None, None]
-        mask = (rows & cols).flatten(1)
+        mask = cells_on_image(resized, stride, (h, w)).flatten(1)
         original = torch.tensor([[i.shape[2], i.shape[1]] for i in images], device=tokens.device)
         box_scale = resized.flip(1) / original / stride
         cells = None

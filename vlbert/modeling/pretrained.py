@@ -302,3 +302,7 @@ class StudyPreTrainedModel(PreTrainedModel):
     def center_appearance(self, mean: torch.Tensor) -> None:
         """Centre the regions' appearance features on `mean` (that of the training images)."""
         raise NotImplementedError(f"{type(self).__name__}.center_appearance")
+
+    def fit_pixel_statistics(self, images) -> None:
+        """Statistics of the training images' pixels, for a family that reads them (Pixel-BERT);
+        `images` an iterable of float RGB [3, H, W], read only where needed. Others: nothing."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
+from torchvision.ops import nms
 
 from ..data.feature_store import FeatureStore
 from ..modeling.heads import IGNORE_INDEX
 from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
-from .regions import regions_of, visual_batch
+from .regions import Regions, regions_of, visual_batch
 
 MASK_PROBABILITY = 0.15
 # ViLBERT's masked regions: a region overlapping a masked one this much (IoU) is zeroed as well, as
@@ -65,6 +67,18 @@ class CaptionDataset(torch.utils.data.Dataset):
             "text": c.caption,
             "regions": regions_of(self.store, str(c.image_path.relative_to(self.root)), c.image_path, self.max_rois),
         }
+
+
+def detected_objects(regions: Regions, min_score: float) -> int:
+    """The objects the detector found in an image: its regions (not the whole image) whose best
+    class probability is at least `min_score`, boxes of one object under several classes
+    (IoU >= 0.5) counted once."""
+    if regions.probs is None:
+        raise ValueError(f"{regions.image_path}: the feature store keeps no class probabilities to count objects by")
+    scores = torch.from_numpy(regions.probs[1:, 1:].astype(np.float32)).max(1).values
+    keep = scores >= min_score
+    boxes = torch.from_numpy(regions.boxes[1:].astype(np.float32))[keep]
+    return len(nms(boxes, scores[keep], 0.5))
 
 
 class CorpusDataset(torch.utils.data.Dataset):
