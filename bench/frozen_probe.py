@@ -8,8 +8,8 @@ stores; the state the task's head reads is taken for every training and reported
     pair accuracy, per answer type, and with the images shuffled among the questions; and
     pre-training's MLM head at the same [MASK], restricted to the answers that are words: does the
     masked-word read answer unprompted?
-  - vcr_q2a, vcr_qa2r: each candidate's [CLS]. A scorer of the task head's shape (dropout, hidden x
-    hidden, GELU, LayerNorm, one score; softmax over the four) trained alone on the frozen states,
+  - vcr_q2a, vcr_qa2r: each candidate's [CLS]. The study's VCR head (its classifier, the candidates
+    centred as the preset's `centre_candidates` says; softmax over the four) trained alone on the frozen states,
     batch 16, for the preset's run epochs and for --epochs, on the states as they are and
     standardised by the training set's per-dimension mean and deviation; test accuracy, and with
     the images shuffled for the standardised one. Also: whether the state at a question's tag word
@@ -24,6 +24,7 @@ to optimise, not to see.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from vlbert.data.synthetic.world import COLOURS as WORLD_COLOURS
 from vlbert.data.synthetic.world import SHAPES
 from vlbert.engine.build import build_model, load_processor
 from vlbert.modeling.configuration_vlbert import SEGMENT_IMAGE
-from vlbert.modeling.heads import vqa_loss
+from vlbert.modeling.heads import candidate_logits, task_classifier, vqa_loss
 from vlbert.modeling.modeling_vlbert import VLBertForPreTraining
 from vlbert.registry import setting as setting_entry
 from vlbert.tasks.regions import feature_mean, with_other_images
@@ -176,26 +177,27 @@ def vcr_states(model, task, examples, objects=None, batch_size=16):
     return torch.cat(cls), tag_states
 
 
-def train_head_alone(hidden_size, states, labels, epochs, lr=3e-3, seed=0):
-    """The task head's shape (`_classifier`) trained alone on frozen [N, 4, H] states, batch 16."""
+def train_head_alone(config, states, labels, epochs, centre: bool, lr=3e-3, seed=0):
+    """The study's VCR head (`task_classifier`, scored through `candidate_logits`) trained alone on
+    frozen [N, 4, H] states, batch 16. `centre`: the preset's `centre_candidates`."""
     torch.manual_seed(seed)
-    head = torch.nn.Sequential(
-        torch.nn.Dropout(0.1),
-        torch.nn.Linear(hidden_size, hidden_size),
-        torch.nn.GELU(),
-        torch.nn.LayerNorm(hidden_size),
-        torch.nn.Linear(hidden_size, 1),
-    )
+    head_config = copy.copy(config)
+    head_config.standardise_head_input = False  # the probe standardises (or not) its states itself
+    head = task_classifier(head_config, 1)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-4)
+
+    def scores(batch_states):
+        return candidate_logits(head, batch_states.flatten(0, 1), batch_states.shape[1], centre)
+
     for _ in range(epochs):
         order = torch.randperm(len(states))
         for start in range(0, len(states), 16):
             batch = order[start : start + 16]
             optimizer.zero_grad()
-            F.cross_entropy(head(states[batch]).squeeze(-1), labels[batch]).backward()
+            F.cross_entropy(scores(states[batch]), labels[batch]).backward()
             optimizer.step()
     head.eval()
-    return lambda s: head(s).squeeze(-1).detach()
+    return lambda s: scores(s).detach()
 
 
 def probe_vcr(name, model, mlm, task, vocabulary, args, preset):
@@ -208,10 +210,10 @@ def probe_vcr(name, model, mlm, task, vocabulary, args, preset):
     test_cls, test_tags = vcr_states(model, task, test, tagged_objects(vcr / f"{test_file}.jsonl"))
     shuffled_cls, _ = vcr_states(model, task, with_other_images(test, 0))
     standard = standardiser(train_cls)
-    hidden = train_cls.shape[-1]
+    centre = bool(preset["finetune"]["vcr"].get("centre_candidates"))
     for epochs in sorted({finetune_epochs(preset, task.name), args.epochs}):
-        raw = train_head_alone(hidden, train_cls, train_labels, epochs)
-        scaled = train_head_alone(hidden, standard(train_cls), train_labels, epochs)
+        raw = train_head_alone(model.config, train_cls, train_labels, epochs, centre)
+        scaled = train_head_alone(model.config, standard(train_cls), train_labels, epochs, centre)
         as_they_are = accuracy(raw(test_cls), test_labels)
         standardised = accuracy(scaled(standard(test_cls)), test_labels)
         shuffled = accuracy(scaled(standard(shuffled_cls)), test_labels)
