@@ -268,6 +268,7 @@ def main(argv=None):
                 results / "detector",
                 **task.model_overrides(),
                 appearance_mean=feature_mean(e["regions"] for e in task.examples("train")),
+                image_paths=(e["regions"].image_path for e in task.examples("train")),
             )
         model.eval()
         PROBES[args.task](name, model, mlm, task, vocabulary, args, preset)

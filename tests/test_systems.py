@@ -154,10 +154,14 @@ def test_a_curriculum_names_known_settings(smoke_config):
 
     preset = copy.deepcopy(smoke_config)
     assert pretrain_curriculum(preset, "pixelbert") is None
+    preset["pretrain"]["epochs"] = 3
     preset["pretrain"]["curriculum"] = {"settings": ["pixelbert"], "epochs": 1, "max_objects": 1}
     assert pretrain_curriculum(preset, "pixelbert")["max_objects"] == 1
     assert pretrain_curriculum(preset, "a") is None
-    preset["pretrain"]["curriculum"]["settings"] = ["pixelbrt"]
+    preset["pretrain"]["curriculum"]["epochs"] = preset["pretrain"]["epochs"]
+    with pytest.raises(ValueError, match="curriculum.epochs"):
+        pretrain_curriculum(preset, "pixelbert")
+    preset["pretrain"]["curriculum"] |= {"epochs": 1, "settings": ["pixelbrt"]}
     with pytest.raises(Exception, match="pixelbrt"):
         pretrain_curriculum(preset, "a")
 

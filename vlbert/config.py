@@ -196,6 +196,12 @@ def pretrain_curriculum(config: dict, setting_name: str) -> dict | None:
         return None
     for name in section["settings"]:
         setting(name)  # an unknown name is refused, naming the known ones
+    epochs = config["pretrain"].get("epochs")
+    if epochs is not None and section["epochs"] >= epochs:
+        raise ConfigError(
+            f"pretrain.curriculum.epochs ({section['epochs']}) must be under pretrain.epochs ({epochs}): "
+            "the curriculum is how a run starts"
+        )
     return section if setting_name in section["settings"] else None
 
 

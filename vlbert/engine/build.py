@@ -58,5 +58,14 @@ def build_model(cls, preset: dict, bert, detector_dir, appearance_mean=None, ima
     if appearance_mean is not None:
         model.center_appearance(appearance_mean)
     if image_paths is not None:
-        model.fit_pixel_statistics(load_image(path) for path in image_paths)
+        model.fit_pixel_statistics(load_image(path) for path in _distinct(image_paths))
     return model, report
+
+
+def _distinct(paths):
+    """Each path once, in order (a VQA or VCR image is asked about several times), lazily."""
+    seen = set()
+    for path in paths:
+        if path not in seen:
+            seen.add(path)
+            yield path

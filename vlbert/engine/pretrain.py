@@ -25,7 +25,14 @@ import torch
 from ..config import pretrain_curriculum
 from ..detection.identity import study_detector
 from ..registry import PRETRAINING_STORES, family_class
-from ..tasks.pretraining import CaptionDataset, CorpusDataset, PretrainCollator, TextOnlyCollator, detected_objects
+from ..tasks.pretraining import (
+    CURRICULUM_MIN_SCORE,
+    CaptionDataset,
+    CorpusDataset,
+    PretrainCollator,
+    TextOnlyCollator,
+    detected_objects,
+)
 from ..tasks.regions import feature_mean, features_path, open_store
 from .build import build_model
 from .checkpoint import input_identity
@@ -70,6 +77,7 @@ class PretrainStage(Stage):
         self.captions = captions = CaptionDataset(
             data_root / "conceptual_captions", train_store.split, open_store(features_dir, train_store), max_rois
         )
+        self.curriculum = pretrain_curriculum(preset, setting.name)  # its settings checked before the build
         # Pixel-BERT without pixel sampling keeps every pixel token (the preset's pixel_samples: with it).
         sampling = {"pixel_samples": 0} if setting.family == "pixelbert" and not setting.pixel_sampling else {}
         model, self.report = build_model(
@@ -80,17 +88,17 @@ class PretrainStage(Stage):
             tune_frcnn=setting.tune_frcnn,
             **sampling,
             appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))),
-            image_paths=(captions[i]["regions"].image_path for i in range(len(captions))),
+            image_paths=(c.image_path for c in captions.captions),
         )
         self.model = model.to(self.device)
         val = CaptionDataset(
             data_root / "conceptual_captions", val_store.split, open_store(features_dir, val_store), max_rois
         )
         self.corpus = CorpusDataset(data_root / "text_corpus" / "corpus.txt") if setting.text_corpus else None
-        self.curriculum = pretrain_curriculum(preset, setting.name)
         if self.curriculum is not None:
-            # Where a masked word has one answer in the image: its objects' only one, or few.
-            most, min_score = self.curriculum["max_objects"], self.curriculum.get("min_score", 0.5)
+            # Images with one object (or few): there a masked colour or shape word has one answer.
+            most = self.curriculum["max_objects"]
+            min_score = self.curriculum.get("min_score", CURRICULUM_MIN_SCORE)
             objects = [detected_objects(captions[i]["regions"], min_score) for i in range(len(captions))]
             self.few_object = [i for i, count in enumerate(objects) if count <= most]
             if not self.few_object:

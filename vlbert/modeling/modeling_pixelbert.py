@@ -61,10 +61,12 @@ from .pretrained import StudyPreTrainedModel
 # The 2x2 max-pool applies (pixel_pool=None) when the map has at least this many cells on its
 # shorter side, so that the pooled one keeps at least half as many.
 POOL_MIN_SIDE = 16
-# pixel_standardise: the training images the C5 channels' statistics are taken over, and the
-# smallest deviation divided by (a channel the CNN never fires is left near zero, not blown up).
+# pixel_standardise: the training images the C5 channels' statistics are taken over (in batches),
+# and the smallest deviation divided by, as a share of the median channel's: a channel the CNN
+# (almost) never fires on them is not scaled up into noise.
 PIXEL_STATISTICS_IMAGES = 512
-STANDARDISE_MIN_STD = 1e-3
+PIXEL_STATISTICS_BATCH = 32
+STANDARDISE_MIN_STD_SHARE = 1e-2
 # RefCOCO+: RoIAlign's output per box (then averaged), each bin of 2 x 2 bilinear samples.
 ROI_SIZE = 2
 # torchvision's ResNet module names -> PixelBertCNN's (load_resnet_state).
@@ -292,23 +294,25 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
     def fit_pixel_statistics(self, images: Iterable[torch.Tensor]) -> None:
         """With `pixel_standardise`: each C5 channel's mean and deviation over the on-image cells of
         the first `PIXEL_STATISTICS_IMAGES` training images (float RGB [3, H, W] in [0, 1]), which
-        the pixel embedding standardises the map with. Without it, `images` is not read."""
+        the pixel embedding standardises the map with. Without it, `images` is not read. Call it
+        after the CNN has its weights (`load_detector`, or a ResNet-50's `load_resnet_state`)."""
         if not self.config.pixel_standardise:
             return
         embeddings, cnn = self.base_model.pixel_embeddings, self.base_model.cnn
+        device = embeddings.feature_mean.device
         total, total_sq, count = 0.0, 0.0, 0
         images = iter(itertools.islice(images, PIXEL_STATISTICS_IMAGES))
-        while batch := list(itertools.islice(images, 32)):
-            features, resized = cnn(batch)
-            features = features.double()
+        while batch := list(itertools.islice(images, PIXEL_STATISTICS_BATCH)):
+            features, resized = cnn([image.to(device) for image in batch])
             cells = cells_on_image(resized, cnn.stride, features.shape[2:]).unsqueeze(1).to(features.dtype)
-            total = total + (features * cells).sum((0, 2, 3))
-            total_sq = total_sq + (features.square() * cells).sum((0, 2, 3))
+            total = total + (features * cells).sum((0, 2, 3)).double()
+            total_sq = total_sq + (features.square() * cells).sum((0, 2, 3)).double()
             count += int(cells.sum())
         if not count:
             raise ValueError("no images to take the pixel features' statistics from")
         mean = total / count
-        std = (total_sq / count - mean.square()).clamp_min(0).sqrt().clamp_min(STANDARDISE_MIN_STD)
+        std = (total_sq / count - mean.square()).clamp_min(0).sqrt()
+        std = std.clamp_min(float(std.median()) * STANDARDISE_MIN_STD_SHARE)
         embeddings.feature_mean.copy_(mean.float())
         embeddings.feature_std.copy_(std.float())
 

@@ -52,6 +52,11 @@ STAGES: list[tuple[str, list[str]]] = [
     ),
     ("sweep", [_rel(_LAYOUT.sweep_best(_SETTING, "*"))]),
     ("finetune", [f"{_rel(_LAYOUT.finetune_run(_SETTING, '*', '*'))}/{name}" for name in _FINETUNE_FILES]),
+    # The runs on shares of each training set (finetune.data_fractions): <fraction>/<task>/seed<n>.
+    (
+        "fractions",
+        [f"{_rel(_LAYOUT.finetune_fraction(_SETTING, '*'))}/*/seed*/{name}" for name in _FINETUNE_FILES],
+    ),
 ]
 
 # The files a stage writes its results in, and their keys that measure the machine, not the model.

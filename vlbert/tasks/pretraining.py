@@ -22,6 +22,10 @@ MASK_PROBABILITY = 0.15
 # ViLBERT's masked regions: a region overlapping a masked one this much (IoU) is zeroed as well, as
 # the released multi-task code does, else it would carry the masked region's content.
 OVERLAP_ZEROED = 0.4
+# pretrain.curriculum counts an image's objects: its regions of at least this best class
+# probability, and a region overlapping a likelier one over SAME_OBJECT_IOU as that one.
+CURRICULUM_MIN_SCORE = 0.5
+SAME_OBJECT_IOU = 0.5
 
 
 def mask_tokens(
@@ -69,16 +73,16 @@ class CaptionDataset(torch.utils.data.Dataset):
         }
 
 
-def detected_objects(regions: Regions, min_score: float) -> int:
+def detected_objects(regions: Regions, min_score: float = CURRICULUM_MIN_SCORE) -> int:
     """The objects the detector found in an image: its regions (not the whole image) whose best
     class probability is at least `min_score`, boxes of one object under several classes
-    (IoU >= 0.5) counted once."""
+    (IoU over `SAME_OBJECT_IOU`) counted once."""
     if regions.probs is None:
         raise ValueError(f"{regions.image_path}: the feature store keeps no class probabilities to count objects by")
     scores = torch.from_numpy(regions.probs[1:, 1:].astype(np.float32)).max(1).values
     keep = scores >= min_score
     boxes = torch.from_numpy(regions.boxes[1:].astype(np.float32))[keep]
-    return len(nms(boxes, scores[keep], 0.5))
+    return len(nms(boxes, scores[keep], SAME_OBJECT_IOU))
 
 
 class CorpusDataset(torch.utils.data.Dataset):
