@@ -187,7 +187,8 @@ def test_the_systems_table_puts_each_system_beside_its_papers_and_checks_their_f
     for setting, score in scores.items():
         for task in TABLE4_TASKS:
             for seed in (0, 1):
-                run = store.run(setting, task, seed, score + seed)
+                shuffled = {"test_shuffled_images_accuracy": 57.0} if setting == "vilbert" else {}
+                run = store.run(setting, task, seed, score + seed, test_n=2000, **shuffled)
                 if task == "refcoco_det" and setting in sizes:
                     store.client.log_batch(
                         run,
@@ -207,6 +208,14 @@ def test_the_systems_table_puts_each_system_beside_its_papers_and_checks_their_f
     assert "ViLBERT trains 1.80 M parameters in fine-tuning against VL-BERT's 1.50 M (+20%" in systems
     assert "vilbert_ctrl" in systems  # VOLTA's controlled comparison
     assert "pixelbert" not in rows  # no runs: no row
+    # Each row's cells beside their controls: SE of the reported split, the shuffled-image score.
+    controls = systems.split("## Controls: what each cell owes to the image")[1]
+    assert "| vilbert | VQA | 58.5 | 1.1 | 57.0 ✗ | 1.5 |" in controls  # within two SEs of its shuffled score
+    assert "| vilbert_no_pretrain | VQA | 42.5 | 1.1 | — | — |" in controls
+    assert "Cells that do not clear their shuffled images: vilbert / vcr_q2a" in controls
+    assert "beyond the noise" in (report / "systems_findings.md").read_text()
+    systems_csv = (report / "systems.csv").read_text().splitlines()[0].split(",")
+    assert {"vqa_se", "vqa_shuffled"} <= set(systems_csv)
     findings = {f["id"]: f for f in json.loads((report / "systems_findings.json").read_text())}
     assert findings["vilbert_pretrain_helps"]["verdict"] == "agrees"
     assert findings["two_vs_single_stream"]["verdict"] == "no sign stated"

@@ -112,7 +112,7 @@ def write_report(
         write_q2ar(derived, out, by_kind)
     results = findings(table, paper)
     write_findings(results, out)
-    systems_findings = write_systems(table, paper, finetunes, out)
+    systems_findings = write_systems(table, paper, finetunes, out, floors)
     figure_systems(table, out / "figures" / "systems.png")
     figure_bars(table, paper, out / "figures" / "table4_bars.png")
     figure_heatmap(table, paper, out / "figures" / "delta_heatmap.png")

@@ -118,21 +118,12 @@ def write_tables(
     io.write_text(out / "table4.tex", "\n".join(tex) + "\n")
 
 
-def write_controls(controls: pd.DataFrame, floors: dict, out: Path) -> None:
-    """table4_controls.{md,csv}: each Table 4 cell beside its standard error, its checkpoints'
-    score with the images shuffled, the image's share and the task's blind floor."""
+def controls_lines(controls: pd.DataFrame) -> list[str]:
+    """The controls' table (setting, task, cell, SE, shuffled images, image's share, blind floor,
+    the task's extra figures; ✗ where a cell does not clear a control), then the cells that do not."""
     fmt = lambda v: MISSING if pd.isna(v) else f"{v:.1f}"
     mark = lambda clears: "" if clears is None or pd.isna(clears) else "" if clears else " ✗"
     lines = [
-        "# Table 4's controls: what each cell owes to the image",
-        "",
-        "Per setting and task (the reported split, mean over seeds): the cell; its standard error "
-        "(sqrt(p(1-p)/n) over the split's n items); the same checkpoints scored with the images "
-        "shuffled among the items (each reads another image's regions and pixels over its own "
-        "boxes); the image's share (cell minus shuffled); the blind floor (the best model that does "
-        "not look, computed from the files: floors.json). ✗: the cell does not clear it by two "
-        "standard errors of a difference.",
-        "",
         "| setting | task | cell | SE | shuffled images | image's share | blind floor | extra |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -154,6 +145,24 @@ def write_controls(controls: pd.DataFrame, floors: dict, out: Path) -> None:
     lines.append("")
     for name, cells in not_clearing.items():
         lines.append(f"Cells that do not clear their {name}: " + (", ".join(cells) if cells else "none") + ".")
+    return lines
+
+
+CONTROLS_LEGEND = (
+    "Per setting and task (the reported split, mean over seeds): the cell; its standard error "
+    "(sqrt(p(1-p)/n) over the split's n items); the same checkpoints scored with the images "
+    "shuffled among the items (each reads another image's regions and pixels over its own "
+    "boxes); the image's share (cell minus shuffled); the blind floor (the best model that does "
+    "not look, computed from the files: floors.json). ✗: the cell does not clear it by two "
+    "standard errors of a difference."
+)
+
+
+def write_controls(controls: pd.DataFrame, floors: dict, out: Path) -> None:
+    """table4_controls.{md,csv}: each Table 4 cell beside its standard error, its checkpoints'
+    score with the images shuffled, the image's share and the task's blind floor."""
+    lines = ["# Table 4's controls: what each cell owes to the image", "", CONTROLS_LEGEND, ""]
+    lines += controls_lines(controls)
     lines += ["", "## Blind floors (reported split; val in floors.json)", ""]
     for task, roles in floors.items():
         figures = roles.get("reported", {})

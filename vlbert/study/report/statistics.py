@@ -163,12 +163,12 @@ def floor_of(floors: dict, task: str) -> float:
     return max(values) if values else math.nan
 
 
-def controls(table: pd.DataFrame, floors: dict) -> pd.DataFrame:
-    """Per Table 4 setting and task: the cell, its standard error, the same checkpoints with the
-    images shuffled, the image's share (the difference), the blind floor, and whether the cell
-    clears each by more than two standard errors of the difference."""
+def controls(table: pd.DataFrame, floors: dict, settings=TABLE4_SETTINGS) -> pd.DataFrame:
+    """Per setting (Table 4's unless given) and task: the cell, its standard error, the same
+    checkpoints with the images shuffled, the image's share (the difference), the blind floor, and
+    whether the cell clears each by more than two standard errors of the difference."""
     records = []
-    for setting in TABLE4_SETTINGS:
+    for setting in settings:
         for task in TABLE4_TASKS:
             mean, se = table.loc[setting, f"{task}_mean"], table.loc[setting, f"{task}_se"]
             shuffled, floor = table.loc[setting, f"{task}_shuffled"], floor_of(floors, task)

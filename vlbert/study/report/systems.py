@@ -20,8 +20,8 @@ import pandas as pd
 
 from ... import io
 from ...registry import FAMILIES, SETTINGS, TABLE4_TASKS, TASKS
-from .render import _cells, findings_lines
-from .statistics import MISSING, compare
+from .render import CONTROLS_LEGEND, _cells, controls_lines, findings_lines
+from .statistics import MISSING, compare, controls
 
 SYSTEM_FINDING_TEXT = {
     "vilbert_pretrain_helps": "ViLBERT's pre-training helps (vilbert vs vilbert_no_pretrain)",
@@ -75,8 +75,11 @@ def _value(v: float | None) -> str:
     return "-" if v is None or math.isnan(v) else f"{v:.2f}"
 
 
-def write_systems(table: pd.DataFrame, paper: dict, finetunes: pd.DataFrame, out: Path) -> list[dict]:
-    """systems.{md,csv,tex} and systems_findings.json; returns the findings."""
+def write_systems(
+    table: pd.DataFrame, paper: dict, finetunes: pd.DataFrame, out: Path, floors: dict | None = None
+) -> list[dict]:
+    """systems.{md,csv,tex} and systems_findings.json; returns the findings. Each row's cells are
+    put beside their controls (`floors`: `vlbert floors`' figures; none: no blind floors)."""
     rows = system_settings(table)
     sizes = parameter_counts(finetunes)
     header = ["system", "setting"] + [TASKS[t].table4_title for t in TABLE4_TASKS]
@@ -95,7 +98,11 @@ def write_systems(table: pd.DataFrame, paper: dict, finetunes: pd.DataFrame, out
             {
                 "system": family.name,
                 "setting": setting,
-                **{f"{t}_{k}": table.loc[setting, f"{t}_{k}"] for t in TABLE4_TASKS for k in ("mean", "std", "n")},
+                **{
+                    f"{t}_{k}": table.loc[setting, f"{t}_{k}"]
+                    for t in TABLE4_TASKS
+                    for k in ("mean", "std", "n", "se", "shuffled")
+                },
                 **{f"paper_{t}": v for t, v in zip(TABLE4_TASKS, theirs)},
                 "parameters": total,
                 "trainable_parameters": trained,
@@ -117,6 +124,9 @@ def write_systems(table: pd.DataFrame, paper: dict, finetunes: pd.DataFrame, out
         "Pixel-BERT's RefCOCO+ head (RoIAlign over its last layer's pixel tokens for each candidate "
         "box) is this project's design: the paper has none.",
     ]
+    if rows:
+        notes += ["", "## Controls: what each cell owes to the image", "", CONTROLS_LEGEND, ""]
+        notes += controls_lines(controls(table, floors or {}, rows))
     if sizes:
         notes += ["", *size_lines(sizes)]
     notes += ["", *volta_lines(paper)]
@@ -136,7 +146,9 @@ def write_systems(table: pd.DataFrame, paper: dict, finetunes: pd.DataFrame, out
         "# The seed papers' findings about their systems, checked on this run",
         "",
         "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* when "
-        "larger than the larger of the two settings' seed standard deviations.",
+        "larger than the larger of the two settings' seed standard deviations, and *beyond the noise* "
+        "when larger than the larger of that spread and two standard errors of the difference (the "
+        "reported split's sampling error, systems.md's controls).",
         "",
     ]
     sources = {f["id"]: f.get("source", "") for f in paper["systems_findings"]}
