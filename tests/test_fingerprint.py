@@ -24,6 +24,9 @@ def _results(root, bert_scale=1.0, data="abc", seconds=1.0, val=50.0):
     run = root / "finetune" / "a" / "vqa" / "seed0"
     run.mkdir(parents=True)
     (run / "metrics.json").write_text(json.dumps({"val": {"accuracy": val}, "wall_seconds": seconds}))
+    fraction_run = root / "finetune" / "a" / "fraction0.1" / "vqa" / "seed0"
+    fraction_run.mkdir(parents=True)
+    (fraction_run / "metrics.json").write_text(json.dumps({"val": {"accuracy": 40.0}, "wall_seconds": seconds}))
     return root
 
 
@@ -37,7 +40,7 @@ def test_same_content_same_fingerprint_whatever_the_timings_and_metadata(tmp_pat
     assert fp.fingerprint(a) == fp.fingerprint(b)
     rows = fp.compare(fp.fingerprint(a), fp.fingerprint(b))
     assert fp.first_parting(rows) is None
-    assert [row["stage"] for row in rows] == ["data", "bert_init", "features", "finetune"]
+    assert [row["stage"] for row in rows] == ["data", "bert_init", "features", "finetune", "fractions"]
 
 
 def test_a_store_index_made_in_another_folder_has_the_same_fingerprint(tmp_path):
@@ -63,10 +66,20 @@ def test_the_first_parting_stage_is_named_with_its_largest_difference(tmp_path):
         "bert_init": 1,
         "features": 0,
         "finetune": 1,
+        "fractions": 0,
     }
     text = fp.render(rows, a, b)
     assert "First parting: bert_init." in text
     assert "  1.0e-03\n" in text  # bert_init: 5 * 0.001 against the largest value, 5
+
+
+def test_a_fraction_run_is_its_own_stage_not_a_fine_tuning_run(tmp_path):
+    a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
+    (b / "finetune" / "a" / "fraction0.1" / "vqa" / "seed0" / "metrics.json").write_text('{"val": {"accuracy": 41.0}}')
+    stages = fp.fingerprint(a)
+    assert list(stages["fractions"]) == ["finetune/a/fraction0.1/vqa/seed0/metrics.json"]
+    assert list(stages["finetune"]) == ["finetune/a/vqa/seed0/metrics.json"]
+    assert fp.first_parting(fp.compare(stages, fp.fingerprint(b))) == "fractions"
 
 
 def test_a_data_set_folder_is_one_digest(tmp_path):
