@@ -159,7 +159,7 @@ def test_a_curriculum_names_known_settings(smoke_config):
     assert pretrain_curriculum(preset, "pixelbert")["max_objects"] == 1
     assert pretrain_curriculum(preset, "a") is None
     preset["pretrain"]["curriculum"]["epochs"] = preset["pretrain"]["epochs"]
-    with pytest.raises(ValueError, match="curriculum.epochs"):
+    with pytest.raises(ValueError, match=r"curriculum\.epochs"):
         pretrain_curriculum(preset, "pixelbert")
     preset["pretrain"]["curriculum"] |= {"epochs": 1, "settings": ["pixelbrt"]}
     with pytest.raises(Exception, match="pixelbrt"):
