@@ -342,37 +342,6 @@ def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, 
     assert_reads_centred_candidates(lambda **config: build(PixelBertForVCR, smoke_detector, **config), batch)
 
 
-@pytest.mark.parametrize(
-    "shape, resampled",
-    [((3, 96, 96), False), ((3, 96, 120), False), ((3, 80, 100), True), ((3, 120, 96), False), ((3, 96, 300), True)],
-)
-def test_the_transform_skips_only_a_resize_that_would_return_its_input(shape, resampled, monkeypatch):
-    """An image already at the CNN's size (short side 96, long side within 160) is not resampled:
-    the batch is the one FastRCNN's transform gives, value for value; any other is resized as
-    FastRCNN's is."""
-    from torchvision.models.detection import transform as torchvision_transform
-    from torchvision.models.detection.transform import GeneralizedRCNNTransform
-
-    calls = []
-    resize = torchvision_transform._resize_image_and_masks
-    monkeypatch.setattr(
-        torchvision_transform, "_resize_image_and_masks", lambda *a, **k: calls.append(1) or resize(*a, **k)
-    )
-
-    from vlbert.modeling.fast_rcnn import IMAGE_MEAN, IMAGE_STD
-    from vlbert.modeling.modeling_pixelbert import PixelBertImageTransform
-
-    torch.manual_seed(0)
-    image = torch.rand(shape)
-    ours = PixelBertImageTransform(96, 160, IMAGE_MEAN, IMAGE_STD).eval()
-    theirs = GeneralizedRCNNTransform(96, 160, IMAGE_MEAN, IMAGE_STD).eval()
-    batch, _ = ours([image])
-    assert bool(calls) == resampled
-    expected, _ = theirs([image])
-    assert batch.image_sizes == expected.image_sizes
-    assert torch.equal(batch.tensors, expected.tensors)
-
-
 def test_standardised_pixels_read_the_cnn_map_on_its_training_images_statistics(smoke_detector, images, tmp_path):
     model = build(PixelBertForPreTraining, smoke_detector, pixel_standardise=True)
     embeddings, cnn = model.pixelbert.pixel_embeddings, model.pixelbert.cnn

@@ -92,18 +92,6 @@ class ResNetC4(nn.Module):
         return OrderedDict([("0", self.layer3(self.layer2(self.layer1(self.stem(images)))))])
 
 
-class PixelBertImageTransform(GeneralizedRCNNTransform):
-    """GeneralizedRCNNTransform in eval mode, less the resampling of an image already at its size:
-    bilinear interpolation at scale 1 returns its input, value for value, after a pass over it."""
-
-    def resize(self, image: torch.Tensor, target: dict | None = None):
-        short, long = sorted(image.shape[-2:])
-        at_size = short == self.min_size[-1] and long <= self.max_size
-        if at_size and not self.training and self.fixed_size is None:
-            return image, target
-        return super().resize(image, target)
-
-
 class PixelBertCNN(nn.Module):
     """Images -> their C5 map, batched [B, C, h, w], with the size each image was resized to.
 
@@ -114,7 +102,7 @@ class PixelBertCNN(nn.Module):
     def __init__(self, config: PixelBertConfig):
         super().__init__()
         min_size, max_size = config.image_sizes
-        self.transform = PixelBertImageTransform(min_size, max_size, IMAGE_MEAN, IMAGE_STD)
+        self.transform = GeneralizedRCNNTransform(min_size, max_size, IMAGE_MEAN, IMAGE_STD)
         if config.cnn == "detector":
             detector = DetectorConfig.from_json(config.frcnn)
             self.backbone = C4Backbone(detector)
