@@ -175,7 +175,8 @@ class PixelBertPixelEmbeddings(nn.Module):
 
     def __init__(self, config: PixelBertConfig, in_channels: int, cnn_stride: int):
         super().__init__()
-        if config.pixel_standardise:
+        self.standardise = config.pixel_standardise
+        if self.standardise:  # buffers only then: checkpoints made without it load as they were
             self.register_buffer("feature_mean", torch.zeros(in_channels))
             self.register_buffer("feature_std", torch.ones(in_channels))
         self.conv = nn.Conv2d(in_channels, config.hidden_size, 3, padding=1)
@@ -189,7 +190,7 @@ class PixelBertPixelEmbeddings(nn.Module):
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, C, h', w'] -> [B, h * w, H] tokens and the map's (h, w)."""
-        if hasattr(self, "feature_mean"):
+        if self.standardise:
             features = (features - self.feature_mean[:, None, None]) / self.feature_std[:, None, None]
         pixel_map = F.relu(self.pool(self.conv(features)))
         return pixel_map.flatten(2).transpose(1, 2) + self.visual_embedding, tuple(pixel_map.shape[2:])
