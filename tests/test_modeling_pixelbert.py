@@ -1,5 +1,6 @@
 """Pixel-BERT's model: every head on VL-BERT's batches, end to end through the detector's trunk."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -382,3 +383,52 @@ def test_without_standardised_pixels_the_training_images_are_not_read(smoke_dete
     assert not hasattr(model.pixelbert.pixel_embeddings, "feature_mean")
     with pytest.raises(ValueError, match="no images"):
         build(PixelBertForVQA, smoke_detector, pixel_standardise=True).fit_pixel_statistics(iter([]))
+
+
+@pytest.mark.parametrize("trainable, cached", [(0, "c5"), (1, "c4")])
+def test_a_frozen_trunk_computes_each_keyed_image_once_and_gives_the_same_logits(
+    trainable, cached, smoke_detector, images, processor
+):
+    batch = head_batch(PixelBertForVQA, processor, images)
+    with torch.no_grad():
+        every_stage_trains = build(PixelBertForVQA, smoke_detector)(**batch).logits
+    model = build(PixelBertForVQA, smoke_detector, cnn_trainable_layers=trainable)
+    cnn = model.pixelbert.cnn
+    assert not any(p.requires_grad for p in cnn.backbone.parameters())
+    assert any(p.requires_grad for p in cnn.layer4.parameters()) == (trainable == 1)
+    keyed = {**batch, "visual": dataclasses.replace(batch["visual"], image_keys=["a.jpg", "b.jpg"])}
+    computed, trunk = [], cnn._trunk
+    cnn._trunk = lambda imgs: computed.append(len(imgs)) or trunk(imgs)
+    first, second = model(**keyed).logits, model(**keyed).logits
+    assert computed == [2] and set(cnn.cached_maps) == {"a.jpg", "b.jpg"} and cnn.cached_stage == cached
+    assert torch.allclose(first, every_stage_trains, atol=1e-5) and torch.equal(first, second)
+    # The kept maps carry no autograd; what trains after them still learns.
+    first.sum().backward()
+    assert model.pixelbert.pixel_embeddings.conv.weight.grad is not None
+    assert (cnn.layer4[0].conv1.weight.grad is not None) == (trainable == 1)
+    # New weights void the cache, and so does a trunk that trains again.
+    model.load_state_dict(model.state_dict())
+    assert not cnn.cached_maps
+    model(**keyed)
+    cnn.backbone.layer3.requires_grad_(True)
+    model(**keyed)
+    assert not cnn.cached_maps and computed == [2, 2, 2]
+
+
+def test_trainable_layers_hold_after_a_checkpoint_loads(smoke_detector, tmp_path):
+    build(PixelBertForVQA, smoke_detector, cnn_trainable_layers=1).save_pretrained(tmp_path)
+    cnn = PixelBertForVQA.from_pretrained(tmp_path).pixelbert.cnn
+    assert not any(p.requires_grad for p in cnn.backbone.parameters())
+    assert any(p.requires_grad for p in cnn.layer4.parameters())
+    with pytest.raises(ValueError, match="cnn_trainable_layers"):
+        make_config(smoke_detector, cnn_trainable_layers=6)
+
+
+def test_a_batch_keys_its_images_by_path(smoke_world):
+    from vlbert.tasks.regions import Regions, visual_batch
+
+    paths = [i.path for i in image_items(smoke_world / "vqa", "vqa", "val2014")[:2]]
+    boxes = np.array([[0, 0, 96, 96]], dtype=np.float32)
+    regions = [Regions(boxes, np.zeros(1), np.zeros((1, 8), np.float32), np.arange(1), 96, 96, p) for p in paths]
+    assert visual_batch(regions + regions[:1], with_images=True).image_keys == [str(p) for p in paths + paths[:1]]
+    assert visual_batch(regions).image_keys is None

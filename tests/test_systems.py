@@ -89,6 +89,10 @@ def test_a_system_pretrains_with_its_objectives_and_fine_tunes_every_task(smoke_
     assert main([*args, "--out", str(run), *study_args(smoke_study)]) == 0
     head = json.loads((run / "best" / "config.json").read_text())
     assert head["architectures"] == [model_class_name(no_pretrain, "refcoco_det")]
+    if family == "pixelbert":  # the fine-tuning section's trainable CNN stages reach the model
+        assert head["cnn_trainable_layers"] == smoke_config["finetune"]["refcoco"]["cnn_trainable_layers"]
+    else:
+        assert "cnn_trainable_layers" not in head
 
 
 def test_the_builder_gives_pixel_statistics_to_a_family_that_takes_them(smoke_study, smoke_config):

@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 from .. import io, tasks
 from ..config import finetune_epochs, finetune_options
 from ..detection.identity import study_detector
+from ..registry import FAMILIES
 from ..tasks.regions import feature_mean, with_other_images
 from ..tracking import (
     BEST_EPOCH_METRIC,
@@ -117,6 +118,8 @@ class FinetuneStage(Stage):
         self.options = options = finetune_options(preset, self.task_name)
         start = pretrained if setting.pretrains else inputs.bert
         overrides = {**task.model_overrides(), **head_overrides(options, start)}
+        if FAMILIES[setting.family].reads_pixels and "cnn_trainable_layers" in options:
+            overrides["cnn_trainable_layers"] = options["cnn_trainable_layers"]
         if setting.pretrains:
             # The features stay centred on the pre-training images' mean, saved with the weights.
             model = task.model_class.from_pretrained(pretrained, **overrides, tune_frcnn=False)

@@ -16,8 +16,9 @@ class PixelBertConfig(VLBertConfig):
     (the trained detector, whose trunk is the CNN when cnn="detector"), `num_answers`, and
     `img_token_id` / `end_token_id` (the elements of VL-BERT's input layout that Pixel-BERT drops).
     The region fields (visual_feature_dim, geometry_wavelengths, num_visual_classes,
-    visual_scale_text_init) are accepted and unused, and so is `tune_frcnn`: the CNN always
-    trains, end to end, as in the paper (its rate is the optimiser's: parameters `pixelbert.cnn.*`).
+    visual_scale_text_init) are accepted and unused, and so is `tune_frcnn`: the CNN trains end to
+    end, as in the paper (its rate is the optimiser's: parameters `pixelbert.cnn.*`), as far as
+    `cnn_trainable_layers` says.
 
     pixel_samples: pixel tokens kept per image in pre-training, a fresh random draw each step (the
         paper keeps 100 of a ResNet-50 map's ~260); 0: no sampling. Only PixelBertForPreTraining
@@ -35,6 +36,10 @@ class PixelBertConfig(VLBertConfig):
         initialised from the trained detector by `load_detector`; "resnet50": torchvision's
         ResNet-50 to C5, for real images, its ImageNet weights loaded by the caller
         (`cnn.load_resnet_state`), never downloaded.
+    cnn_trainable_layers: the CNN's stages that train, counted from its last, as torchvision's
+        `trainable_backbone_layers`: 5 every stage (the paper), 1 only C5, 0 none; the others are
+        frozen. With the trunk to C4 frozen (1 or 0), an image given with a key has that part
+        computed once (`PixelBertCNN`): fine-tuning reads each image many times.
     image_min_size, image_max_size: images are resized so that their shorter side is
         `image_min_size` unless their longer side would pass `image_max_size`. None: the detector's
         `image_size` (cnn="detector"; the longer side then defaults to the shorter's, as the
@@ -51,6 +56,7 @@ class PixelBertConfig(VLBertConfig):
         cnn: str = "detector",
         image_min_size: int | None = None,
         image_max_size: int | None = None,
+        cnn_trainable_layers: int = 5,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -58,6 +64,9 @@ class PixelBertConfig(VLBertConfig):
             raise ValueError(f"PixelBertConfig.cnn must be one of {', '.join(CNNS)}, got {cnn!r}")
         if pixel_samples < 0:
             raise ValueError(f"PixelBertConfig.pixel_samples must be >= 0, got {pixel_samples}")
+        if not 0 <= cnn_trainable_layers <= 5:
+            raise ValueError(f"PixelBertConfig.cnn_trainable_layers must be 0 to 5, got {cnn_trainable_layers}")
+        self.cnn_trainable_layers = cnn_trainable_layers
         self.pixel_samples = pixel_samples
         self.pixel_pool = pixel_pool
         self.pixel_standardise = pixel_standardise

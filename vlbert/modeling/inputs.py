@@ -20,7 +20,9 @@ class VisualInputs:
     features: [B, R, D] cached appearance features, or None to compute them from `images`;
     images: list of B float RGB [3, H, W] tensors in [0, 1] (needed when features is None; with
         features, None stands for an image without a masked RoI, which is never read);
-    masked: [B, R] bool, RoIs masked for masked RoI classification (pixels zeroed, mask embedding).
+    masked: [B, R] bool, RoIs masked for masked RoI classification (pixels zeroed, mask embedding);
+    image_keys: with `images`, what identifies each image across batches (its path; None where the
+        image is None): a model with a frozen visual module computes what it reads of an image once.
     """
 
     boxes: torch.Tensor
@@ -29,3 +31,4 @@ class VisualInputs:
     features: torch.Tensor | None = None
     images: list[torch.Tensor] | None = None
     masked: torch.Tensor | None = None
+    image_keys: list[str | None] | None = None

@@ -67,6 +67,9 @@ POOL_MIN_SIDE = 16
 PIXEL_STATISTICS_IMAGES = 512
 PIXEL_STATISTICS_BATCH = 32
 STANDARDISE_MIN_STD_SHARE = 1e-2
+# A frozen trunk keeps each image's map up to this many bytes in all (the mini world's: 37 KB an
+# image at C4); past it, maps are computed every time they are read.
+PIXEL_MAP_CACHE_BYTES = 2 * 2**30
 # RefCOCO+: RoIAlign's output per box (then averaged), each bin of 2 x 2 bilinear samples.
 ROI_SIZE = 2
 # torchvision's ResNet module names -> PixelBertCNN's (load_resnet_state).
@@ -97,7 +100,10 @@ class PixelBertCNN(nn.Module):
 
     Resizing and normalisation are FastRCNN's (GeneralizedRCNNTransform, ImageNet statistics;
     the batch is padded at the bottom and right to a multiple of 32). BatchNorm stays frozen
-    (running statistics, no affine updates), as in FastRCNN; every other weight trains."""
+    (running statistics, no affine updates), as in FastRCNN; the other weights of the last
+    `cnn_trainable_layers` stages train. With the trunk to C4 frozen, an image given with a key
+    (its path) has the frozen part's output computed once, without autograd, and kept (up to
+    `PIXEL_MAP_CACHE_BYTES`): its C4 map when C5 trains, its C5 map when nothing does."""
 
     def __init__(self, config: PixelBertConfig):
         super().__init__()
@@ -116,10 +122,24 @@ class PixelBertCNN(nn.Module):
             self.backbone = ResNetC4(resnet)
             self.layer4 = resnet.layer4
             self.out_channels, self.stride = resnet.fc.in_features, 32
-        self.freeze_batchnorm()
+        self.trainable_layers = config.cnn_trainable_layers
+        self.freeze()
         self.train()  # BatchNorm and the transform in eval mode from the start
+        # key -> (the frozen part's output [C, h, w], resized (height, width)); new weights void them.
+        self.cached_maps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.cached_stage, self.cached_bytes = None, 0
+        self.register_load_state_dict_pre_hook(lambda module, *args: module.clear_cached_maps())
 
-    def freeze_batchnorm(self) -> None:
+    def stages(self) -> list[nn.Module]:
+        """The CNN's stages, last first (the order `cnn_trainable_layers` counts in)."""
+        trunk = self.backbone
+        return [self.layer4, trunk.layer3, trunk.layer2, trunk.layer1, trunk.stem]
+
+    def freeze(self) -> None:
+        """BatchNorm frozen everywhere, and every stage past `trainable_layers` (from the last)."""
+        for k, stage in enumerate(self.stages()):
+            if k >= self.trainable_layers:
+                stage.requires_grad_(False)
         for module in self.modules():
             if isinstance(module, nn.BatchNorm2d):
                 module.weight.requires_grad_(False)
@@ -134,7 +154,16 @@ class PixelBertCNN(nn.Module):
         self.transform.eval()
         return self
 
-    # Adapted from FastRCNN.load_detector_state: the same keys, and of the box head its C5 stage.
+    def clear_cached_maps(self) -> None:
+        self.cached_maps.clear()
+        self.cached_stage, self.cached_bytes = None, 0
+
+    def frozen_stage(self) -> str | None:
+        """What a key's cache holds: "c5" (nothing trains), "c4" (only C5 trains), None (the trunk trains)."""
+        if any(p.requires_grad for p in self.backbone.parameters()):
+            return None
+        return "c4" if any(p.requires_grad for p in self.layer4.parameters()) else "c5"
+
     def load_detector_state(self, state: dict, source: str = "detector") -> None:
         """Take the trunk from a Faster R-CNN state dict (vlbert.detection.model): its backbone,
         and the C5 stage of its box head."""
@@ -159,11 +188,45 @@ class PixelBertCNN(nn.Module):
                 picked[f"{RESNET_NAMES[module]}.{rest}"] = value
         self.load_state_dict(picked)
 
-    def forward(self, images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """images: float RGB [3, H, W] in [0, 1]. Returns the map and [B, 2] resized (height, width)."""
+    def forward(
+        self, images: list[torch.Tensor], keys: list[str | None] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """images: float RGB [3, H, W] in [0, 1]. Returns the map and [B, 2] resized (height, width).
+        keys: what identifies each image across batches (its path), for the frozen part's cache."""
+        stage = self.frozen_stage()
+        if stage != self.cached_stage:  # the weights kept no longer hold (or kept another stage)
+            self.clear_cached_maps()
+            self.cached_stage = stage
+        if keys is None or stage is None:
+            c4, resized = self._trunk(images)
+            return self.layer4(c4), resized
+        kept = {k: self.cached_maps[k] for k in keys if k is not None and k in self.cached_maps}
+        missing = [i for i, k in enumerate(keys) if k is None or k not in kept]
+        if missing:
+            with torch.no_grad():
+                maps, resized = self._trunk([images[i] for i in missing])
+                if stage == "c5":
+                    maps = self.layer4(maps)
+            for row, i in enumerate(missing):
+                computed = (maps[row].clone(), resized[row])
+                if keys[i] is not None and self.cached_bytes + computed[0].nbytes <= PIXEL_MAP_CACHE_BYTES:
+                    self.cached_maps[keys[i]] = computed
+                    self.cached_bytes += computed[0].nbytes
+                kept[keys[i] if keys[i] is not None else i] = computed
+        rows = [kept[k if k is not None else i] for i, k in enumerate(keys)]
+        # Computed in other batches: each padded with zeros to the largest (cells off their image,
+        # which the pixel tokens' mask leaves out).
+        h, w = max(m.shape[1] for m, _ in rows), max(m.shape[2] for m, _ in rows)
+        device = next(self.parameters()).device
+        maps = torch.stack([F.pad(m, (0, w - m.shape[2], 0, h - m.shape[1])).to(device) for m, _ in rows])
+        resized = torch.stack([r for _, r in rows]).to(device)
+        return (self.layer4(maps) if stage == "c4" else maps), resized
+
+    def _trunk(self, images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The C4 map of the batch, and [B, 2] resized (height, width)."""
         image_list, _ = self.transform(images)
-        features = self.layer4(self.backbone(image_list.tensors)["0"])
-        return features, torch.tensor(image_list.image_sizes, device=features.device)
+        c4 = self.backbone(image_list.tensors)["0"]
+        return c4, torch.tensor(image_list.image_sizes, device=c4.device)
 
 
 class PixelBertPixelEmbeddings(nn.Module):
@@ -262,8 +325,8 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
     base_model_prefix = "pixelbert"
 
     def _after_loading(self) -> None:
-        """The CNN's BatchNorm frozen again."""
-        self.base_model.cnn.freeze_batchnorm()  # loading made every float parameter trainable
+        """The CNN's BatchNorm and frozen stages frozen again."""
+        self.base_model.cnn.freeze()  # loading made every float parameter trainable
 
     # ---- what the study's builder calls on a new model (every model family has them) ---------
 
@@ -324,16 +387,25 @@ class PixelBertModel(PixelBertPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.bert.embeddings.word_embeddings = value
 
-    def pixel_tokens(self, images: list[torch.Tensor], sample_pixels: int = 0) -> PixelTokens:
+    def pixel_tokens(
+        self, images: list[torch.Tensor], sample_pixels: int = 0, keys: list[str | None] | None = None
+    ) -> PixelTokens:
         """The images' pixel tokens; `sample_pixels` > 0 keeps that many per image (random pixel
-        sampling: a fresh draw from torch's global RNG each call)."""
-        # An image given several times (the same tensor: VCR's candidates) runs through the CNN once.
-        distinct = {id(image): image for image in images}
-        rows = list(distinct)
-        features, resized = self.cnn(list(distinct.values()))
+        sampling: a fresh draw from torch's global RNG each call). keys: each image's identity
+        across batches (VisualInputs.image_keys), for a frozen CNN's cache."""
+        # An image given several times (the same tensor or key: VCR's candidates) runs through the CNN once.
+        keys = keys if keys is not None else [None] * len(images)
+        identity = [id(image) if key is None else key for image, key in zip(images, keys)]
+        first = {}
+        for i, ident in enumerate(identity):
+            first.setdefault(ident, i)
+        rows = list(first)
+        picked = list(first.values())
+        features, resized = self.cnn([images[i] for i in picked], [keys[i] for i in picked])
         tokens, (h, w) = self.pixel_embeddings(features)
         if len(rows) < len(images):
-            index = torch.tensor([rows.index(id(image)) for image in images], device=tokens.device)
+            position = {ident: row for row, ident in enumerate(rows)}
+            index = torch.tensor([position[ident] for ident in identity], device=tokens.device)
             tokens, resized = tokens[index], resized[index]
         stride = self.pixel_embeddings.stride
         mask = cells_on_image(resized, stride, (h, w)).flatten(1)
@@ -374,7 +446,7 @@ class PixelBertModel(PixelBertPreTrainedModel):
         if visual is not None:
             if visual.images is None:
                 raise ValueError("Pixel-BERT reads the images: visual.images is None")
-            pixels = self.pixel_tokens(visual.images, sample_pixels)
+            pixels = self.pixel_tokens(visual.images, sample_pixels, visual.image_keys)
             count = pixels.tokens.shape[1]
             # The paper gives pixels no position: every pixel token takes position 0, a constant
             # the same for every image and caption.

@@ -105,7 +105,7 @@ def visual_batch(
     sizes = torch.tensor([[r.width, r.height] for r in regions])
     # With cached features the Fast R-CNN sees only the images that have a masked RoI: load just those.
     needed = masked.any(1).tolist() if cached and masked is not None else [True] * n
-    images = None
+    images = keys = None
     if with_images:
         # An image in the batch several times (VCR's candidates, RefCOCO+'s expressions) is loaded
         # once: the same tensor, which a model can compute once (Pixel-BERT's CNN does).
@@ -114,7 +114,8 @@ def visual_batch(
             if need and r.image_path not in loaded:
                 loaded[r.image_path] = load_image(r.image_path)
             images.append(loaded[r.image_path] if need else None)
-    return VisualInputs(boxes, sizes, valid, features if cached else None, images, masked)
+        keys = [str(r.image_path) if need and r.image_path is not None else None for r, need in zip(regions, needed)]
+    return VisualInputs(boxes, sizes, valid, features if cached else None, images, masked, keys)
 
 
 def with_other_images(examples: list[dict], seed: int = 0) -> list[dict]:
