@@ -9,7 +9,8 @@ enough, and a ReLU, plus one learned visual embedding shared by every pixel and 
 segment (C); every pixel token takes position 0, whatever the caption: no position information,
 as in the paper (a constant that the shared visual embedding could absorb). The CNN is the
 detector's trunk (its ResNet to C4, then its C5 stage over the whole map), initialised from the
-trained detector and trained end to end with the transformer. The encoder is transformers'
+trained detector and trained end to end with the transformer (its last `cnn_trainable_layers`
+stages; the others frozen, their output kept per image). The encoder is transformers'
 BertModel (attention through SDPA).
 
 Pre-training: masked language modelling and image-text matching on [CLS], with random pixel
@@ -164,6 +165,7 @@ class PixelBertCNN(nn.Module):
             return None
         return "c4" if any(p.requires_grad for p in self.layer4.parameters()) else "c5"
 
+    # Adapted from FastRCNN.load_detector_state: the same keys, and of the box head its C5 stage.
     def load_detector_state(self, state: dict, source: str = "detector") -> None:
         """Take the trunk from a Faster R-CNN state dict (vlbert.detection.model): its backbone,
         and the C5 stage of its box head."""
