@@ -269,3 +269,20 @@ def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, 
     images, results = regions
     batch = head_batches(processor, images, results)[ViLBertForVCR]
     assert_reads_centred_candidates(lambda **config: build(ViLBertForVCR, smoke_detector, **config), batch)
+
+
+def test_reinitialise_draws_the_named_modules_new_and_leaves_the_rest(smoke_detector, tmp_path):
+    model = build(ViLBertForPreTraining, smoke_detector)
+    with torch.no_grad():  # as pre-training leaves them: far from the build's draws
+        for param in model.parameters():
+            param.add_(1.0)
+    model.save_pretrained(tmp_path)
+    head = ViLBertForVQA.from_pretrained(tmp_path)
+    before = {name: p.detach().clone() for name, p in head.named_parameters()}
+    head.reinitialise(["text_pooler", "visual_pooler"])
+    changed = {name for name, p in head.named_parameters() if not torch.equal(p, before[name])}
+    pooler_weights = {"vilbert.text_pooler.dense.weight", "vilbert.visual_pooler.dense.weight"}
+    assert pooler_weights <= changed and all(".pooler." in n or "_pooler." in n for n in changed)
+    assert head.vilbert.text_pooler.dense.weight.std() < 0.1  # BERT's init (0.02), not the loaded values
+    with pytest.raises(ValueError, match="no module 'pooler'"):
+        head.reinitialise(["pooler"])

@@ -44,10 +44,13 @@ def test_only_the_no_pretrain_rows_skip_pre_training():
 
 
 @pytest.mark.parametrize("name", list(EXPECTED_LOSSES))
-def test_a_system_pretrains_with_its_objectives_and_fine_tunes_every_task(smoke_study, smoke_config, name, tmp_path):
+def test_a_system_pretrains_with_its_objectives_and_fine_tunes_every_task(
+    smoke_study, smoke_config, name, tmp_path, monkeypatch
+):
     from vlbert.engine.build import load_processor
     from vlbert.engine.context import RunInputs, TrainingContext
     from vlbert.engine.pretrain import pretrain
+    from vlbert.modeling.pretrained import StudyPreTrainedModel
     from vlbert.tracking import NullTracker
 
     class Recorder(NullTracker):
@@ -71,6 +74,14 @@ def test_a_system_pretrains_with_its_objectives_and_fine_tunes_every_task(smoke_
         assert 0 <= summary["val"]["attention_img_share"] <= 1 and 0 < summary["val"]["attention_img_uniform"] < 1
     config = json.loads((out / "best" / "config.json").read_text())
     assert config["model_type"] == family and config["architectures"] == [FAMILIES[family].pretraining_class]
+    reinitialised = []
+    reinitialise = StudyPreTrainedModel.reinitialise
+
+    def recorded(self, names):
+        reinitialised.append(names)
+        reinitialise(self, names)
+
+    monkeypatch.setattr(StudyPreTrainedModel, "reinitialise", recorded)
     for task in TASKS:
         lr = "0.02" if task.startswith("vcr") else "0.001"
         run = tmp_path / task
@@ -80,6 +91,9 @@ def test_a_system_pretrains_with_its_objectives_and_fine_tunes_every_task(smoke_
         assert metrics["setting"] == name and 0 <= metrics["val"]["accuracy"] <= 100
         head = json.loads((run / "best" / "config.json").read_text())["architectures"]
         assert head == [model_class_name(name, task)]
+    # The modules each task's section draws new for this family, before its first step.
+    sections = [smoke_config["finetune"][TASKS[task].options_key] for task in TASKS]
+    assert reinitialised == [section.get("reinitialise", {}).get(family, []) for section in sections]
     if family == "pixelbert":  # pixel sampling: the preset's count, or every pixel token kept
         expected = smoke_config["model"]["pixelbert"]["pixel_samples"] if SETTINGS[name].pixel_sampling else 0
         assert config["pixel_samples"] == expected

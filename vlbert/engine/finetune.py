@@ -123,6 +123,8 @@ class FinetuneStage(Stage):
         if setting.pretrains:
             # The features stay centred on the pre-training images' mean, saved with the weights.
             model = task.model_class.from_pretrained(pretrained, **overrides, tune_frcnn=False)
+            # Modules pre-training's objective shaped that the task should not start from.
+            model.reinitialise(options.get("reinitialise", {}).get(setting.family, []))
         else:
             model, _ = build_model(
                 task.model_class,

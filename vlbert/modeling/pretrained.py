@@ -132,6 +132,16 @@ class StudyPreTrainedModel(PreTrainedModel):
             module._is_hf_initialized = True
         self.tie_weights(recompute_mapping=False)
 
+    def reinitialise(self, names: list[str]) -> None:
+        """The encoder's modules `names` (e.g. ViLBERT's `text_pooler`) drawn new, as the build
+        draws them: a part that pre-training's own objective shaped and a task should not inherit."""
+        for name in names:
+            try:
+                module = self.base_model.get_submodule(name)
+            except AttributeError:
+                raise ValueError(f"{type(self).__name__} has no module {name!r} to re-initialise") from None
+            module.apply(self._init_weights)
+
     # ---- from_pretrained: built as cls(config) builds it --------------------------------------
 
     @classmethod
