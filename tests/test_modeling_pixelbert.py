@@ -297,6 +297,26 @@ def test_a_resnet50_cnn_takes_torchvision_weights():
     assert pixels.map_size == (2, 2) and model.cnn.out_channels == 2048
 
 
+def test_reinitialise_draws_every_parameter_of_the_pixel_embedding_new(smoke_detector, tmp_path):
+    model = build(PixelBertForPreTraining, smoke_detector)
+    with torch.no_grad():  # as pre-training leaves them: far from the build's draws
+        for param in model.parameters():
+            param.add_(1.0)
+    model.save_pretrained(tmp_path)
+    head = PixelBertForRefCOCO.from_pretrained(tmp_path)
+    before = {name: p.detach().clone() for name, p in head.named_parameters()}
+    head.reinitialise(["pixel_embeddings"])
+    changed = {name for name, p in head.named_parameters() if not torch.equal(p, before[name])}
+    embedding = {n for n in before if n.startswith("pixelbert.pixel_embeddings.")}
+    assert embedding == {f"pixelbert.pixel_embeddings.{n}" for n in ("conv.weight", "conv.bias", "visual_embedding")}
+    assert changed == embedding
+    assert head.pixelbert.pixel_embeddings.visual_embedding.abs().max() < 0.2  # N(0, 0.02), not the loaded values
+    head.pixelbert.pixel_embeddings.extra = torch.nn.Module()
+    head.pixelbert.pixel_embeddings.extra.scale = torch.nn.Parameter(torch.ones(1))
+    with pytest.raises(ValueError, match=r"pixel_embeddings\.extra .*\['scale'\].*reset_parameters"):
+        head.reinitialise(["pixel_embeddings"])
+
+
 def test_loading_bert_reports_only_the_cnn_pixel_and_head_parameters_as_new(smoke_detector):
     from vlbert.modeling.processing_vlbert import default_tokenizer_path
 

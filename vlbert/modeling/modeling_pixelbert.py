@@ -251,7 +251,14 @@ class PixelBertPixelEmbeddings(nn.Module):
         # ceil_mode: an odd side keeps its last row / column of cells.
         self.pool = nn.MaxPool2d(2, ceil_mode=True) if pool else nn.Identity()
         self.stride = cnn_stride * (2 if pool else 1)  # resized image pixels per pixel token
-        self.visual_embedding = nn.Parameter(torch.empty(config.hidden_size).normal_(0.0, config.initializer_range))
+        self.initializer_range = config.initializer_range
+        self.visual_embedding = nn.Parameter(torch.empty(config.hidden_size))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The shared visual embedding drawn as BERT draws an embedding (the conv is torch's layer,
+        drawn by its own reset_parameters)."""
+        self.visual_embedding.data.normal_(0.0, self.initializer_range)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, C, h', w'] -> [B, h * w, H] tokens and the map's (h, w)."""

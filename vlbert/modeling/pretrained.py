@@ -134,12 +134,25 @@ class StudyPreTrainedModel(PreTrainedModel):
 
     def reinitialise(self, names: list[str]) -> None:
         """The encoder's modules `names` (e.g. ViLBERT's `text_pooler`) drawn new, as the build
-        draws them: a part that pre-training's own objective shaped and a task should not inherit."""
+        draws them: a part that pre-training's own objective shaped and a task should not inherit.
+        Every parameter is drawn again: a module's own `reset_parameters` (torch's layers, e.g. a
+        convolution, and the families' modules with parameters of their own), then BERT's init for
+        Linear, Embedding and LayerNorm; a parameter neither reaches is an error, not kept."""
         for name in names:
             try:
                 module = self.base_model.get_submodule(name)
             except AttributeError:
                 raise ValueError(f"{type(self).__name__} has no module {name!r} to re-initialise") from None
+            for part_name, part in module.named_modules(prefix=name):
+                own = [p for p, _ in part.named_parameters(recurse=False)]
+                if isinstance(part, (nn.Linear, nn.Embedding, nn.LayerNorm)) or not own:
+                    continue
+                if not hasattr(part, "reset_parameters"):
+                    raise ValueError(
+                        f"{type(self).__name__}.{part_name} ({type(part).__name__}) has parameters "
+                        f"{own} that re-initialising cannot draw again: give it reset_parameters()"
+                    )
+                part.reset_parameters()
             module.apply(self._init_weights)
 
     # ---- from_pretrained: built as cls(config) builds it --------------------------------------
