@@ -297,6 +297,44 @@ def test_a_resnet50_cnn_takes_torchvision_weights():
     assert pixels.map_size == (2, 2) and model.cnn.out_channels == 2048
 
 
+def test_c5_dilation_keeps_the_weights_and_gives_the_map_at_c4_s_stride(smoke_detector, images):
+    strided = build(PixelBertModel, smoke_detector)
+    dilated = build(PixelBertModel, smoke_detector, c5_dilation=True)
+    dilated.load_state_dict(strided.state_dict())
+    with torch.no_grad():
+        coarse, fine = strided.pixel_tokens(images), dilated.pixel_tokens(images)
+    assert (coarse.map_size, fine.map_size) == ((6, 6), (12, 12)) and fine.mask.all()
+    assert dilated.pixel_embeddings.stride == 8
+    assert torch.allclose(fine.box_scale, 2 * coarse.box_scale)  # a box spans twice the cells each way
+
+
+def test_c5_dilation_of_a_resnet50_is_torchvision_s_replace_stride_with_dilation():
+    from torchvision.models import resnet50
+
+    config = PixelBertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        cnn="resnet50",
+        image_min_size=64,
+        image_max_size=64,
+        c5_dilation=True,
+    )
+    model = PixelBertModel(config).eval()
+    torch.manual_seed(0)
+    reference = resnet50(replace_stride_with_dilation=[False, False, True]).eval()
+    model.cnn.load_resnet_state(reference.state_dict())
+    image = torch.rand(3, 64, 64)
+    with torch.no_grad():
+        features, _ = model.cnn([image])
+        batch, _ = model.cnn.transform([image])
+        trunk = torch.nn.Sequential(*list(reference.children())[:-2])
+        expected = trunk(batch.tensors)
+    assert features.shape[-2:] == (4, 4) and torch.allclose(features, expected, atol=1e-4)
+
+
 def test_reinitialise_draws_every_parameter_of_the_pixel_embedding_new(smoke_detector, tmp_path):
     model = build(PixelBertForPreTraining, smoke_detector)
     with torch.no_grad():  # as pre-training leaves them: far from the build's draws

@@ -40,6 +40,10 @@ class PixelBertConfig(VLBertConfig):
         `trainable_backbone_layers`: 5 every stage (the paper), 1 only C5, 0 none; the others are
         frozen. With the trunk to C4 frozen (1 or 0), an image given with a key has that part
         computed once (`PixelBertCNN`): fine-tuning reads each image many times.
+    c5_dilation: the C5 stage's stride replaced by dilation (DeepLab's output stride;
+        torchvision's `replace_stride_with_dilation`), the same weights: the map at C4's stride, four
+        times the cells and pixel tokens (a 96-px image through the stride-8 detector trunk: 12 x
+        12 instead of 6 x 6), so that a small object spans several tokens instead of one.
     image_min_size, image_max_size: images are resized so that their shorter side is
         `image_min_size` unless their longer side would pass `image_max_size`. None: the detector's
         `image_size` (cnn="detector"; the longer side then defaults to the shorter's, as the
@@ -57,6 +61,7 @@ class PixelBertConfig(VLBertConfig):
         image_min_size: int | None = None,
         image_max_size: int | None = None,
         cnn_trainable_layers: int = 5,
+        c5_dilation: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -67,6 +72,7 @@ class PixelBertConfig(VLBertConfig):
         if not 0 <= cnn_trainable_layers <= 5:
             raise ValueError(f"PixelBertConfig.cnn_trainable_layers must be 0 to 5, got {cnn_trainable_layers}")
         self.cnn_trainable_layers = cnn_trainable_layers
+        self.c5_dilation = c5_dilation
         self.pixel_samples = pixel_samples
         self.pixel_pool = pixel_pool
         self.pixel_standardise = pixel_standardise

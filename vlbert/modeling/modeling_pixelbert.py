@@ -96,6 +96,18 @@ class ResNetC4(nn.Module):
         return OrderedDict([("0", self.layer3(self.layer2(self.layer1(self.stem(images)))))])
 
 
+def dilate_first_stride(stage: nn.Sequential) -> None:
+    """A ResNet stage (BasicBlocks or Bottlenecks) with its stride 2 replaced by dilation 2, in
+    place and with the same weights, as torchvision's `replace_stride_with_dilation` builds it: the
+    first block at stride 1, the later blocks' 3x3 convolutions dilated."""
+    for k, block in enumerate(stage):
+        for conv in [m for m in block.modules() if isinstance(m, nn.Conv2d)]:
+            if k == 0:
+                conv.stride = (1, 1)
+            elif conv.kernel_size == (3, 3):
+                conv.dilation, conv.padding = (2, 2), (2, 2)
+
+
 class PixelBertCNN(nn.Module):
     """Images -> their C5 map, batched [B, C, h, w], with the size each image was resized to.
 
@@ -123,6 +135,9 @@ class PixelBertCNN(nn.Module):
             self.backbone = ResNetC4(resnet)
             self.layer4 = resnet.layer4
             self.out_channels, self.stride = resnet.fc.in_features, 32
+        if config.c5_dilation:
+            dilate_first_stride(self.layer4)
+            self.stride //= 2
         self.trainable_layers = config.cnn_trainable_layers
         self.freeze()
         self.train()  # BatchNorm and the transform in eval mode from the start
