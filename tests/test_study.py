@@ -244,37 +244,70 @@ def _training_jobs(snakemake) -> list:
     return jobs
 
 
+# The chains the killed study is asked for: `full` (pre-training, tuned features, sweep, seeds:
+# every kind of training job) and `no_pretrain` beside it on the other core.
+KILLED_SETTINGS = ("full", "no_pretrain")
+
+
+def _run_metrics(workdir, setting: str) -> dict:
+    """A setting's seed runs' metrics, less the time they waited for data (a timing)."""
+    from pathlib import Path
+
+    from vlbert.layout import Layout
+
+    found = {}
+    for path in sorted(Path(workdir, Layout(SMOKE["name"]).finetune(setting)).glob("*/seed*/metrics.json")):
+        metrics = json.loads(path.read_text())
+        metrics.pop("data_wait_share", None)
+        found[str(path.relative_to(workdir))] = metrics
+    return found
+
+
 @pytest.mark.slow
-def test_a_study_killed_at_a_random_moment_finishes_with_the_same_table(smoke_run, tmp_path):
+def test_a_study_killed_at_a_random_moment_finishes_with_the_same_results(smoke_run, tmp_path):
     """SIGKILL to Snakemake at a random moment, then SIGKILL to one of its jobs (a training step in
-    the middle of its work); each time the same command (after --unlock) heals the study, and Table 4
-    is the uninterrupted run's to the digit. The study starts from the uninterrupted run's data,
-    detector, feature stores and BERT (with Snakemake's records of them, so they are up to date):
-    from pre-training on (a killed extraction heals in tests/test_detection.py)."""
+    the middle of its work); each time the same command (after --unlock) heals the study, and every
+    run it made scores what the uninterrupted run's did, to the digit. The study starts from the
+    uninterrupted run's data, detector, feature stores and BERT (with Snakemake's records of them,
+    so they are up to date), and is asked for two settings' chains from pre-training on (a killed
+    extraction heals in tests/test_detection.py)."""
+    import csv
     import os
     import random
     import shutil
     import signal
-    from pathlib import Path
 
     import psutil
+
+    from vlbert.layout import Layout
 
     seed = int(os.environ.get("VLBERT_KILL_SEED", random.randrange(1_000_000)))
     rng = random.Random(seed)
     print(f"kill moments drawn with VLBERT_KILL_SEED={seed}")
     # VL-BERT's rows alone, and no data-fraction runs: healing is the DAG's, whichever families and
-    # runs there are, and Table 4 is VL-BERT's whole-set runs.
+    # runs there are.
     preset = tmp_path / "smoke.yaml"
     finetune = {k: v for k, v in SMOKE["finetune"].items() if k != "data_fractions"}
     preset.write_text(yaml.safe_dump({**SMOKE, "systems": ["vlbert"], "finetune": finetune}))
-    done, results = smoke_run["dir"], Path("results") / "smoke"
+    layout = Layout(SMOKE["name"])
+    done, results = smoke_run["dir"], layout.results
     for made in ("data", "detector", "bert_init"):
         shutil.copytree(done / results / made, tmp_path / results / made, symlinks=True)
     untuned = shutil.ignore_patterns("tuned")  # made after pre-training
     shutil.copytree(done / results / "features", tmp_path / results / "features", ignore=untuned)
     shutil.copy2(done / results / "floors.json", tmp_path / results / "floors.json")
     shutil.copytree(done / ".snakemake" / "metadata", tmp_path / ".snakemake" / "metadata")
-    command = SNAKEMAKE + ["--configfile", str(preset), "--directory", str(tmp_path)]
+    targets = [
+        str(layout.finetune_run(setting, task, s) / "metrics.json")
+        for setting in KILLED_SETTINGS
+        for task in registry.TASKS
+        for s in SMOKE["sweep"]["seeds"]
+    ]
+    command = [*SNAKEMAKE, *targets, "--configfile", str(preset), "--directory", str(tmp_path)]
+    # How long the `full` chain took in the uninterrupted run (its jobs' benchmark files).
+    benchmarks = done / results / "benchmarks"
+    chain = [f"{stage}/full.tsv" for stage in ("pretrain", "tune_features", "sweep", "finetune_seeds")]
+    chain_seconds = sum(float(next(csv.DictReader((benchmarks / name).open(), delimiter="\t"))["s"]) for name in chain)
 
     def start():
         log = (tmp_path / "snakemake.log").open("a")
@@ -282,7 +315,7 @@ def test_a_study_killed_at_a_random_moment_finishes_with_the_same_table(smoke_ru
 
     # 1. Snakemake itself, killed at a random moment; its jobs run on as orphans, as after `kill -9`.
     snakemake = start()
-    time.sleep(rng.uniform(0.05, 0.25) * smoke_run["seconds"])  # the whole smoke run: this one is under half
+    time.sleep(rng.uniform(0.05, 0.6) * chain_seconds)
     jobs = psutil.Process(snakemake.pid).children(recursive=True)
     snakemake.send_signal(signal.SIGKILL)
     snakemake.wait()
@@ -309,14 +342,15 @@ def test_a_study_killed_at_a_random_moment_finishes_with_the_same_table(smoke_ru
                     pass
         time.sleep(0.5)
     snakemake.wait(timeout=1200)
-    assert victim is not None, "the study ended before a training job could be killed"
+    assert victim is not None, f"the study ended before a training job could be killed (VLBERT_KILL_SEED={seed})"
 
     # 3. The same command again finishes the study.
     result = subprocess.run(command, capture_output=True, text=True, env=smoke_run["env"], timeout=1200)
     assert result.returncode == 0, result.stderr[-5000:]
-    reference = smoke_run["dir"] / "reports" / "smoke" / "table4.csv"
-    healed = tmp_path / "reports" / "smoke" / "table4.csv"
-    assert healed.read_text() == reference.read_text(), f"VLBERT_KILL_SEED={seed}"
+    for setting in KILLED_SETTINGS:
+        healed, reference = _run_metrics(tmp_path, setting), _run_metrics(done, setting)
+        assert len(healed) == len(registry.TASKS) * SEEDS, sorted(healed)
+        assert healed == reference, f"{setting}: VLBERT_KILL_SEED={seed}"
 
 
 def test_paper_dry_run_scatters_extraction_into_chunks(tmp_path):
