@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from head_helpers import assert_reads_centred_candidates
+from head_helpers import assert_reads_centred_candidates, reloaded_far_from_its_build
 from safetensors.torch import load_file
 
 from vlbert.data.images import load_image
@@ -271,20 +271,16 @@ def test_the_max_pool_applies_where_the_map_is_large_enough(smoke_detector, imag
     assert pixels.map_size == (3, 3) and pixels.mask.all()
 
 
+def resnet50_config(**overrides) -> PixelBertConfig:
+    """A small BERT over torchvision's ResNet-50 at 64 px."""
+    base = dict(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    return PixelBertConfig(**base, cnn="resnet50", image_min_size=64, image_max_size=64, **overrides)
+
+
 def test_a_resnet50_cnn_takes_torchvision_weights():
     from torchvision.models import resnet50
 
-    config = PixelBertConfig(
-        vocab_size=40,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        cnn="resnet50",
-        image_min_size=64,
-        image_max_size=64,
-    )
-    model = PixelBertModel(config).eval()
+    model = PixelBertModel(resnet50_config()).eval()
     reference = resnet50().state_dict()
     model.cnn.load_resnet_state(reference)
     cnn = model.cnn.state_dict()
@@ -311,18 +307,7 @@ def test_c5_dilation_keeps_the_weights_and_gives_the_map_at_c4_s_stride(smoke_de
 def test_c5_dilation_of_a_resnet50_is_torchvision_s_replace_stride_with_dilation():
     from torchvision.models import resnet50
 
-    config = PixelBertConfig(
-        vocab_size=40,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        cnn="resnet50",
-        image_min_size=64,
-        image_max_size=64,
-        c5_dilation=True,
-    )
-    model = PixelBertModel(config).eval()
+    model = PixelBertModel(resnet50_config(c5_dilation=True)).eval()
     torch.manual_seed(0)
     reference = resnet50(replace_stride_with_dilation=[False, False, True]).eval()
     model.cnn.load_resnet_state(reference.state_dict())
@@ -336,13 +321,9 @@ def test_c5_dilation_of_a_resnet50_is_torchvision_s_replace_stride_with_dilation
 
 
 def test_reinitialise_draws_every_parameter_of_the_pixel_embedding_new(smoke_detector, tmp_path):
-    model = build(PixelBertForPreTraining, smoke_detector)
-    with torch.no_grad():  # as pre-training leaves them: far from the build's draws
-        for param in model.parameters():
-            param.add_(1.0)
-    model.save_pretrained(tmp_path)
-    head = PixelBertForRefCOCO.from_pretrained(tmp_path)
-    before = {name: p.detach().clone() for name, p in head.named_parameters()}
+    head, before = reloaded_far_from_its_build(
+        build(PixelBertForPreTraining, smoke_detector), PixelBertForRefCOCO, tmp_path
+    )
     head.reinitialise(["pixel_embeddings"])
     changed = {name for name, p in head.named_parameters() if not torch.equal(p, before[name])}
     embedding = {n for n in before if n.startswith("pixelbert.pixel_embeddings.")}

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from head_helpers import assert_reads_centred_candidates
+from head_helpers import assert_reads_centred_candidates, reloaded_far_from_its_build
 from test_modeling import make_config, regions, text_inputs, visual_inputs  # noqa: F401  (a fixture)
 
 from vlbert.modeling import (
@@ -272,13 +272,7 @@ def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, 
 
 
 def test_reinitialise_draws_the_named_modules_new_and_leaves_the_rest(smoke_detector, tmp_path):
-    model = build(ViLBertForPreTraining, smoke_detector)
-    with torch.no_grad():  # as pre-training leaves them: far from the build's draws
-        for param in model.parameters():
-            param.add_(1.0)
-    model.save_pretrained(tmp_path)
-    head = ViLBertForVQA.from_pretrained(tmp_path)
-    before = {name: p.detach().clone() for name, p in head.named_parameters()}
+    head, before = reloaded_far_from_its_build(build(ViLBertForPreTraining, smoke_detector), ViLBertForVQA, tmp_path)
     head.reinitialise(["text_pooler", "visual_pooler"])
     changed = {name for name, p in head.named_parameters() if not torch.equal(p, before[name])}
     pooler_weights = {"vilbert.text_pooler.dense.weight", "vilbert.visual_pooler.dense.weight"}
