@@ -307,7 +307,10 @@ def test_a_study_killed_at_a_random_moment_finishes_with_the_same_results(smoke_
     # How long the `full` chain took in the uninterrupted run (its jobs' benchmark files).
     benchmarks = done / results / "benchmarks"
     chain = [f"{stage}/full.tsv" for stage in ("pretrain", "tune_features", "sweep", "finetune_seeds")]
-    chain_seconds = sum(float(next(csv.DictReader((benchmarks / name).open(), delimiter="\t"))["s"]) for name in chain)
+    chain_seconds = sum(
+        float(next(csv.DictReader((benchmarks / name).read_text().splitlines(), delimiter="\t"))["s"])
+        for name in chain
+    )
 
     def start():
         log = (tmp_path / "snakemake.log").open("a")
