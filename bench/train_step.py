@@ -5,9 +5,11 @@ prints examples per second and the share of step time the loop waited for its ne
 (target: under 10%). Needs the mini study's data, detector, feature stores and BERT init
 (`make reproduce`, or the workflow's stages up to bert_init). With several `--finetune-settings`,
 each task's fine-tuning cost per example is also printed against the first setting's (a Pixel-BERT
-row against VL-BERT's: the systems issue's bar is 2x).
+row against VL-BERT's: the systems issue's bar is 2x). `--unfused` steps the optimisers with
+torch's per-parameter loop instead of their fused kernels (what the study used before), to print
+the difference.
 
-    python bench/train_step.py [--config experiments/mini.yaml] [--steps 20]
+    python bench/train_step.py [--config experiments/mini.yaml] [--steps 20] [--unfused]
     python bench/train_step.py --settings --finetune-settings no_pretrain pixelbert_no_pretrain --threads 1
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 
 from vlbert.config import load_config
+from vlbert.engine import optim
 from vlbert.engine.context import run_inputs, training_context
 from vlbert.engine.finetune import finetune
 from vlbert.engine.pretrain import pretrain
@@ -35,8 +38,10 @@ def main() -> None:
     parser.add_argument("--settings", nargs="*", default=["a", "b", "c", "d", "full"], help="pre-training settings")
     parser.add_argument("--finetune-settings", nargs="+", default=["no_pretrain"], help="fine-tuned from their start")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument("--unfused", action="store_true", help="optimisers without their fused kernels")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    optim.FUSED = not args.unfused
     preset = load_config(args.config)
     context = training_context(preset, run_inputs(preset), NullTracker, progress=False)
     rows, costs = [], {}  # costs: per task, (setting, seconds per example) in --finetune-settings' order
@@ -51,7 +56,8 @@ def main() -> None:
                 speed = finetune(context, SETTINGS[name], task, 1e-3, 0, out, max_steps=args.steps)
                 rows.append((f"finetune {task} {name}", batch, speed))
                 costs.setdefault(task, []).append((name, 1 / speed["examples_per_second"]))
-    print(f"{preset['name']} preset, {args.steps} steps each, {args.threads} threads")
+    kernels = "per-parameter loop" if args.unfused else "fused kernels"
+    print(f"{preset['name']} preset, {args.steps} steps each, {args.threads} threads, optimisers: {kernels}")
     print(f"{'stage':44} {'batch':>5} {'examples/s':>11} {'data wait':>10}")
     for stage, batch, speed in rows:
         print(f"{stage:44} {batch:5d} {speed['examples_per_second']:11.1f} {100 * speed['data_wait_share']:9.1f}%")

@@ -69,3 +69,25 @@ def test_the_task_head_takes_its_own_rate_and_nothing_else_does():
     assert {rates[id(p)] for p in model["vlbert"].parameters()} == {1.0}
     # Without the option the groups are what they were: a preset that does not name it trains as before.
     assert len(build_optimizer(model, {"lr": 1.0}).param_groups) == 2
+
+
+def test_the_fused_step_on_the_cpu_is_the_per_parameter_loop_s(monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    inputs, targets = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    trained = {}
+    for kind, options in (("adamw", {"lr": 1e-2, "weight_decay": 0.1}), ("sgd", {"lr": 0.1, "momentum": 0.9})):
+        for fused in (True, False):
+            monkeypatch.setattr("vlbert.engine.optim.FUSED", fused)
+            model.load_state_dict(start)
+            optimizer = build_optimizer(model, {"optimizer": kind, **options})
+            assert optimizer.defaults["fused"] is (True if fused else None)
+            for _ in range(5):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(inputs), targets).backward()
+                optimizer.step()
+            trained[kind, fused] = {k: v.clone() for k, v in model.state_dict().items()}
+        for name, value in trained[kind, True].items():
+            assert not torch.equal(value, start[name])
+            torch.testing.assert_close(value, trained[kind, False][name], rtol=1e-5, atol=1e-6)

@@ -14,6 +14,10 @@ FAST_RCNN = "fast_rcnn."  # the Fast R-CNN module's parameters: `frcnn_lr_factor
 PIXEL_CNN = "pixelbert.cnn."  # Pixel-BERT's CNN, trained end to end: `cnn_lr_factor` x the rate
 # Every family's task model names its new answer / score head `classifier`: `head_lr_factor` x the rate.
 TASK_HEAD = "classifier."
+# Devices whose optimisers step every parameter in one fused kernel; elsewhere the step is a loop
+# of small ops per parameter, which a small model pays on every step (bench/train_step.py --unfused).
+FUSED_DEVICES = {"cpu", "cuda"}
+FUSED = True  # bench/train_step.py --unfused sets it off, to measure the difference
 
 
 def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) -> torch.optim.Optimizer:
@@ -40,11 +44,21 @@ def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) ->
         for (decays, factor), params in groups.items()
     ]
     kind = options.get("optimizer", "adamw")
+    fused = _fusable(model)
     if kind == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused)
     if kind == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=options.get("momentum", 0.9))
+        return torch.optim.SGD(groups, lr=lr, momentum=options.get("momentum", 0.9), fused=fused)
     raise ValueError(f"unknown optimizer {kind!r}")
+
+
+def _fusable(model: nn.Module) -> bool | None:
+    """True where every trained parameter is a floating-point tensor on a device with fused
+    optimiser kernels; None (torch's own choice) otherwise."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if FUSED and params and all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params):
+        return True
+    return None
 
 
 def build_scheduler(optimizer, options: dict, total_steps: int, steps_per_epoch: int):
