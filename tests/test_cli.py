@@ -3,6 +3,8 @@
 
 import math
 import pickle
+import subprocess
+import sys
 
 import h5py
 import pytest
@@ -124,6 +126,20 @@ def test_make_data_refuses_a_root_with_a_foreign_file_in_one_line(tmp_path, caps
         "would replace this folder: move the file elsewhere, or give make-data another --out (data.root)\n"
     )
     assert (tmp_path / "data/vqa/precious.txt").read_text() == "mine"
+
+
+def test_a_verb_without_a_model_imports_neither_torch_nor_transformers(tmp_path):
+    """Each Snakemake job is a process of its own: the data and report jobs do not pay the import
+    of what they do not use (transformers' alone is seconds)."""
+    code = (
+        "import sys; from vlbert.cli import main; "
+        f"status = main(['make-data', '--config', {str(REPO / 'experiments/smoke.yaml')!r}, "
+        f"'--out', {str(tmp_path / 'data')!r}, '--only', 'text_corpus', '--quiet']); "
+        "print(status, sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split("\n")[-2] == "0 []", result.stdout + result.stderr
+    assert (tmp_path / "data/text_corpus").is_dir()
 
 
 def test_make_data_refuses_an_out_at_a_system_path(tmp_path, capsys):

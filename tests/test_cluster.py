@@ -80,9 +80,11 @@ def edited_profile(cluster, folder: Path) -> Path:
 
 
 def cluster_preset(cluster, path: Path, **changes) -> Path:
-    """The smoke preset with its sweeps on the Ray head and its runs on the tracking server."""
+    """The smoke preset with its sweeps on the Ray head and its runs on the tracking server, and
+    each store extracted in two chunks (two SLURM jobs a split; the stores come out the same)."""
     preset = {
         **SMOKE,
+        "features": {**SMOKE["features"], "chunks": 2},
         "sweep": {**SMOKE["sweep"], "address": cluster.ray_address},
         "tracking": {**SMOKE["tracking"], "uri": cluster.tracking_uri},
         **changes,

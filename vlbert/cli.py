@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
@@ -287,11 +288,9 @@ def main(argv=None) -> int:
     from .tracking import TrackingStoreError
 
     args = build_parser().parse_args(argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own bars say what is going on
-    from .engine.distributed import shutdown
-
+    # Our own bars say what is going on. transformers takes its default from huggingface_hub's
+    # variable when it is imported: set so, commands that never load it do not pay its import.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return args.func(args)
     except (
@@ -312,7 +311,10 @@ def main(argv=None) -> int:
         print(f"vlbert {args.verb}: error: {_error_line(exc)}", file=sys.stderr)
         return 2
     finally:
-        shutdown()  # leave a torchrun process group, if this process joined one
+        if "torch.distributed" in sys.modules:  # leave a torchrun process group, if this process joined one
+            from .engine.distributed import shutdown
+
+            shutdown()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""Benchmark: two runs of the study, cell by cell, against the issues' reproducibility bars.
+
+Reads two report folders (`reports/<preset>/` of two fresh runs: two machines, or one thread against
+two, or a committed reference report) and prints, for every Table 4 cell (and every systems-table
+cell both runs have), the two means, their difference, the standard error of that difference (from
+each cell's reported-split SE) and whether the difference is within two of them; then whether each
+of the paper's findings, each per-task judgement behind it, and each data-fraction gap comes out
+the same. The bars: every cell within two SEs of the other run's, and the same findings.
+
+    python bench/reproducibility.py reports/reference/mini reports/mini
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+CELL = ["setting", "task"]
+NO_DATA = "no data"  # the report's verdict for a finding whose settings a run lacks
+
+
+def table4_cells(report: Path) -> pd.DataFrame:
+    """One row per (setting, task): mean and the SE of the reported split (table4_controls.csv)."""
+    controls = pd.read_csv(report / "table4_controls.csv")
+    return controls[["setting", "task", "mean", "se"]].dropna(subset=["mean"]).assign(system="vlbert")
+
+
+def systems_cells(report: Path) -> pd.DataFrame:
+    """The systems table's cells (systems.csv), every system's rows; empty without the file."""
+    path = report / "systems.csv"
+    if not path.is_file():
+        return pd.DataFrame(columns=["system", "setting", "task", "mean", "se"])
+    table = pd.read_csv(path)
+    tasks = sorted(c.removesuffix("_se") for c in table.columns if c.endswith("_se"))
+    rows = [
+        {"system": r["system"], "setting": r["setting"], "task": t, "mean": r[f"{t}_mean"], "se": r[f"{t}_se"]}
+        for _, r in table.iterrows()
+        for t in tasks
+    ]
+    return pd.DataFrame(rows).dropna(subset=["mean"])
+
+
+def compare_cells(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    both = a.merge(b, on=["system", *CELL], suffixes=("_a", "_b"))
+    both["delta"] = both["mean_b"] - both["mean_a"]
+    both["se_diff"] = (both["se_a"] ** 2 + both["se_b"] ** 2) ** 0.5
+    both["within"] = both["delta"].abs() <= 2 * both["se_diff"]
+    return both
+
+
+def findings(report: Path, name: str) -> dict:
+    path = report / name
+    return {f["id"]: f for f in json.loads(path.read_text())} if path.is_file() else {}
+
+
+def compare_findings(a: dict, b: dict) -> list[dict]:
+    rows = []
+    for key in sorted(a.keys() & b.keys()):
+        if NO_DATA in (a[key]["verdict"], b[key]["verdict"]):
+            continue  # a run without one of its settings (a partial run) has no verdict to compare
+        tasks_a = {t["task"]: t for t in a[key]["tasks"]}
+        tasks_b = {t["task"]: t for t in b[key]["tasks"]}
+        for task in sorted(tasks_a.keys() & tasks_b.keys()):
+            rows.append(
+                {
+                    "finding": key,
+                    "task": task,
+                    "delta_a": tasks_a[task]["delta"],
+                    "delta_b": tasks_b[task]["delta"],
+                    "beyond_noise_a": tasks_a[task]["beyond_noise"],
+                    "beyond_noise_b": tasks_b[task]["beyond_noise"],
+                    "verdict_a": a[key]["verdict"],
+                    "verdict_b": b[key]["verdict"],
+                }
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("a", type=Path, help="one run's report folder (reports/<preset>)")
+    parser.add_argument("b", type=Path, help="the other run's")
+    args = parser.parse_args()
+    pd.set_option("display.width", 200)
+
+    cells = compare_cells(
+        pd.concat([table4_cells(args.a), systems_cells(args.a).query("system != 'vlbert'")]),
+        pd.concat([table4_cells(args.b), systems_cells(args.b).query("system != 'vlbert'")]),
+    )
+    shown = cells[["system", *CELL, "mean_a", "mean_b", "delta", "se_diff", "within"]].round(2)
+    print(shown.to_string(index=False))
+    for system, part in cells.groupby("system", sort=False):
+        worst = (part["delta"].abs() / part["se_diff"]).max()
+        print(
+            f"{system}: {int(part['within'].sum())} of {len(part)} cells within two SEs of the difference "
+            f"(largest |difference| {worst:.2f} SEs)"
+        )
+
+    for name in ("findings.json", "systems_findings.json"):
+        rows = compare_findings(findings(args.a, name), findings(args.b, name))
+        if not rows:
+            continue
+        table = pd.DataFrame(rows)
+        print(f"\n{name}:")
+        print(table.round(2).to_string(index=False))
+        verdicts = table.drop_duplicates("finding")
+        same = (verdicts["verdict_a"] == verdicts["verdict_b"]).sum()
+        judged = (table["beyond_noise_a"] == table["beyond_noise_b"]).sum()
+        print(
+            f"same verdict: {same} of {len(verdicts)} findings; "
+            f"the same beyond-noise judgement: {judged} of {len(table)} task comparisons"
+        )
+
+    fractions = [args.a / "data_fractions.csv", args.b / "data_fractions.csv"]
+    if all(path.is_file() for path in fractions):
+        a, b = (pd.read_csv(path) for path in fractions)
+        both = a.merge(b, on=["task", "fraction"], suffixes=("_a", "_b"))
+        both["gap_diff_se"] = [
+            math.sqrt(sum(r[f"{s}_se_{x}"] ** 2 for s in ("full", "no_pretrain") for x in "ab"))
+            for _, r in both.iterrows()
+        ]
+        both["within"] = (both["gap_b"] - both["gap_a"]).abs() <= 2 * both["gap_diff_se"]
+        print("\ndata_fractions.csv (gap: full minus no_pretrain; gap_diff_se: the SE of the two gaps' difference):")
+        print(
+            both[["task", "fraction", "gap_a", "gap_b", "gap_diff_se", "within", "beyond_noise_a", "beyond_noise_b"]]
+            .round(2)
+            .to_string(index=False)
+        )
+        same = (both["beyond_noise_a"] == both["beyond_noise_b"]).sum()
+        print(f"the same beyond-noise judgement: {same} of {len(both)} gaps")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""bench/reproducibility.py on the committed reference report and a copy with cells moved: it
+counts a cell moved by more than two SEs of the difference, and a finding that changed verdict."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench" / "reproducibility.py"
+REFERENCE = REPO / "reports" / "reference" / "mini"
+
+
+def run(a: Path, b: Path) -> str:
+    result = subprocess.run([sys.executable, str(BENCH), str(a), str(b)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_a_report_against_itself_is_within_everywhere():
+    out = run(REFERENCE, REFERENCE)
+    assert "vlbert: 24 of 24 cells within two SEs of the difference (largest |difference| 0.00 SEs)" in out
+    assert "same verdict: 6 of 6 findings" in out and "the same beyond-noise judgement: 12 of 12 gaps" in out
+
+
+def test_a_cell_moved_beyond_two_ses_and_a_changed_verdict_are_counted(tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(REFERENCE, moved, ignore=shutil.ignore_patterns("figures"))
+    controls = pd.read_csv(moved / "table4_controls.csv")
+    cell = (controls["setting"] == "full") & (controls["task"] == "vqa")
+    se = float(controls.loc[cell, "se"].iloc[0])
+    controls.loc[cell, "mean"] += 2.1 * (2 * se**2) ** 0.5  # just beyond two SEs of the difference
+    controls.loc[(controls["setting"] == "a") & (controls["task"] == "vqa"), "mean"] += 1.9 * (2 * se**2) ** 0.5
+    controls.to_csv(moved / "table4_controls.csv", index=False)
+    found = json.loads((moved / "findings.json").read_text())
+    found[0]["verdict"] = "does not agree"
+    (moved / "findings.json").write_text(json.dumps(found))
+    out = run(REFERENCE, moved)
+    assert "vlbert: 23 of 24 cells within two SEs of the difference (largest |difference| 2.10 SEs)" in out
+    assert "same verdict: 5 of 6 findings" in out
