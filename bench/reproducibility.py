@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -119,10 +118,7 @@ def main() -> None:
     if all(path.is_file() for path in fractions):
         a, b = (pd.read_csv(path) for path in fractions)
         both = a.merge(b, on=["task", "fraction"], suffixes=("_a", "_b"))
-        both["gap_diff_se"] = [
-            math.sqrt(sum(r[f"{s}_se_{x}"] ** 2 for s in ("full", "no_pretrain") for x in "ab"))
-            for _, r in both.iterrows()
-        ]
+        both["gap_diff_se"] = sum(both[f"{s}_se_{x}"] ** 2 for s in ("full", "no_pretrain") for x in "ab") ** 0.5
         both["within"] = (both["gap_b"] - both["gap_a"]).abs() <= 2 * both["gap_diff_se"]
         print("\ndata_fractions.csv (gap: full minus no_pretrain; gap_diff_se: the SE of the two gaps' difference):")
         print(
