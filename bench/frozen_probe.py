@@ -13,7 +13,8 @@ stores; the state the task's head reads is taken for every training and reported
     batch 16, for the preset's run epochs and for --epochs, on the states as they are and
     standardised by the training set's per-dimension mean and deviation; test accuracy, and with
     the images shuffled for the standardised one. Also: whether the state at a question's tag word
-    reads its object's colour and shape (the right rationale names them), a linear probe.
+    reads its object's colour and shape (the right rationale names them), a linear probe; the tag
+    takes its object at the scale fine-tuning gives it (the preset's `tags_at_region_scale`).
 A fine-tuning run that ends at its blind floor while its frozen start is read this way has failed
 to optimise, not to see.
 
@@ -250,6 +251,9 @@ def main(argv=None):
     preset, results = load_config(args.config), args.results
     processor = load_processor(results / "bert_init" / "bert", preset["model"]["max_text_length"])
     vocabulary = processor.tokenizer.get_vocab()
+    # The tags read their objects as fine-tuning reads them (the preset's tags_at_region_scale).
+    tags = args.task.startswith("vcr") and bool(preset["finetune"]["vcr"].get("tags_at_region_scale"))
+    overrides = {"tags_at_region_scale": True} if tags else {}
     for name in args.settings:
         setting = setting_entry(name)
         features = results / "features" / "tuned" / name if setting.tune_frcnn else results / "features"
@@ -257,7 +261,9 @@ def main(argv=None):
         mlm = None
         if setting.pretrains:
             checkpoint = results / "pretrain" / name / "best"
-            model = task.model_class.from_pretrained(checkpoint, **task.model_overrides(), tune_frcnn=False)
+            model = task.model_class.from_pretrained(
+                checkpoint, **task.model_overrides(), **overrides, tune_frcnn=False
+            )
             if args.task == "vqa":
                 mlm = VLBertForPreTraining.from_pretrained(checkpoint, tune_frcnn=False).eval()
         else:
@@ -267,6 +273,7 @@ def main(argv=None):
                 results / "bert_init" / "bert",
                 results / "detector",
                 **task.model_overrides(),
+                **overrides,
                 appearance_mean=feature_mean(e["regions"] for e in task.examples("train")),
                 image_paths=(e["regions"].image_path for e in task.examples("train")),
             )

@@ -198,6 +198,26 @@ def test_words_take_the_image_at_a_learnt_scale_that_starts_at_zero(smoke_detect
 # 3 ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("at_region_scale", [False, True])
+def test_a_tag_carries_its_object_at_the_region_s_scale_only_when_its_config_says(
+    smoke_detector, regions, processor, at_region_scale
+):
+    # With the words' scale at its initial 0, a tag reads its object only at the region's scale.
+    images, results = regions
+    model = build(VLBertForVCR, smoke_detector, tags_at_region_scale=at_region_scale)
+    visual = visual_inputs(images, results)
+
+    def state_of_the_tag(row: int) -> torch.Tensor:
+        text = [Word("where"), Word("is"), Word("alex", roi=row)]
+        batch = pad_batch([processor.encode(text, num_rois=len(r.boxes) - 1) for r in results])
+        return hidden(model, batch, visual)[:, 3]  # [CLS] where is alex
+
+    with torch.no_grad():
+        tagged, untagged = state_of_the_tag(1), state_of_the_tag(0)
+    assert model.vlbert.visual_embeddings.text_scale.item() == 0.0
+    assert torch.allclose(tagged, untagged) is not at_region_scale
+
+
 @pytest.mark.parametrize("tune", [False, True])
 def test_tune_frcnn_decides_whether_gradients_reach_it(smoke_detector, regions, processor, tune):
     images, results = regions

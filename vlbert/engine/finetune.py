@@ -46,10 +46,11 @@ HEAD_STATISTICS_ROWS = 2048
 
 def head_overrides(options: dict, start) -> dict:
     """The task model's config fields a preset's fine-tuning section sets: the head's standardised
-    input, VCR's centred candidates, and the body's dropout (`dropout`; the new head keeps the
-    start's, as transformers' classifier_dropout does). `start`: the checkpoint fine-tuning starts from."""
+    input, VCR's centred candidates and its tags at their regions' scale, and the body's dropout
+    (`dropout`; the new head keeps the start's, as transformers' classifier_dropout does).
+    `start`: the checkpoint fine-tuning starts from."""
     overrides = {}
-    for switch in ("standardise_head_input", "centre_candidates"):
+    for switch in ("standardise_head_input", "centre_candidates", "tags_at_region_scale"):
         if options.get(switch):
             overrides[switch] = True
     if "dropout" in options:

@@ -22,8 +22,8 @@ class ViLBertConfig(VLBertConfig):
         ViLBERT interleaves 6 co-attention layers with the last 6 of BERT's 12.
 
     The VL-BERT fields that describe its single stream's visual embedding (geometry_wavelengths,
-    visual_scale_text_init, tune_frcnn) are unused: ViLBERT embeds a region's 5-d box and reads
-    the stores' features.
+    visual_scale_text_init, tags_at_region_scale, tune_frcnn) are unused: ViLBERT embeds a region's
+    5-d box and reads the stores' features, and its words take no region's embedding.
     """
 
     model_type = "vilbert"

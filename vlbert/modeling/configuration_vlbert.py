@@ -26,6 +26,11 @@ class VLBertConfig(BertConfig):
         stem and C2, as VL-BERT's released configs (`IMAGE_FROZEN_BACKBONE_STAGES: [1, 2]`).
     visual_scale_text_init: initial value of the learnt scale on the visual embedding that text
         elements take (VL-BERT's `visual_scale_text_init`, 0 in its released configs).
+    tags_at_region_scale: a word that names an object (VCR's tags: its `visual_index` is the
+        object's row) takes the object's visual embedding at the scale the object's own [IMG]
+        element takes it, not at the words' learnt scale. VL-BERT's released code scales it as
+        any word's; that scale is learnt in pre-training from the whole image alone, which no loss
+        pins down, so how much of its object a tag carried was its checkpoint's accident.
     standardise_head_input: a task head standardises its input per feature with statistics of
         the fine-tuning set, stored with the weights (`vlbert.engine.head_input` takes them).
     centre_candidates: a multiple-choice head (VCR) reads each candidate's state minus the mean
@@ -50,6 +55,7 @@ class VLBertConfig(BertConfig):
         visual_scale_text_init: float = 0.0,
         standardise_head_input: bool = False,
         centre_candidates: bool = False,
+        tags_at_region_scale: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("attn_implementation", "sdpa")
@@ -71,6 +77,7 @@ class VLBertConfig(BertConfig):
         self.visual_scale_text_init = visual_scale_text_init
         self.standardise_head_input = standardise_head_input
         self.centre_candidates = centre_candidates
+        self.tags_at_region_scale = tags_at_region_scale
         # The models on AutoModel and AutoModelForPreTraining, which from_pretrained asks after
         # making the config (vlbert/auto.py: why not sooner).
         register_models()

@@ -200,8 +200,12 @@ class VLBertModel(VLBertPreTrainedModel):
         else:
             rois = self.visual_embeddings(self.appearance(visual), visual)  # [B, R, H]
             element_visual = rois.gather(1, visual_index.unsqueeze(-1).expand(-1, -1, rois.shape[-1]))
-            is_region = (input_ids == self.config.img_token_id).unsqueeze(-1)
-            element_visual = torch.where(is_region, element_visual, self.visual_embeddings.text_scale * element_visual)
+            full_scale = input_ids == self.config.img_token_id
+            if self.config.tags_at_region_scale:
+                full_scale = full_scale | (visual_index > 0)  # words that name an object
+            element_visual = torch.where(
+                full_scale.unsqueeze(-1), element_visual, self.visual_embeddings.text_scale * element_visual
+            )
             if text_only is not None:
                 element_visual = torch.where(text_only[:, None, None], text_only_row, element_visual)
         output = self.bert(
