@@ -17,8 +17,8 @@ class PixelBertConfig(VLBertConfig):
     `img_token_id` / `end_token_id` (the elements of VL-BERT's input layout that Pixel-BERT drops).
     The region fields (visual_feature_dim, geometry_wavelengths, num_visual_classes,
     visual_scale_text_init, tags_at_region_scale) are accepted and unused, and so is `tune_frcnn`:
-    the CNN trains end to end, as in the paper (its rate is the optimiser's: parameters `pixelbert.cnn.*`), as far as
-    `cnn_trainable_layers` says.
+    the CNN trains end to end, as in the paper (its rate is the optimiser's: parameters
+    `pixelbert.cnn.*`), as far as `cnn_trainable_layers` says.
 
     pixel_samples: pixel tokens kept per image in pre-training, a fresh random draw each step (the
         paper keeps 100 of a ResNet-50 map's ~260); 0: no sampling. Only PixelBertForPreTraining
