@@ -9,7 +9,7 @@ in the study, the BERT init for `no_pretrain`), this fine-tunes a VCR task with 
 one rate, for each seed, and prints the checkpoint's learnt words' scale, each run's test and
 shuffled-image accuracy, and per checkpoint and switch the mean and spread over the seeds.
 Run it in the study's folder (it reads results/<preset>/ as `vlbert finetune` does); runs already
-done in --out are read, not run again.
+done in --out (results/<preset>/bench_tag_scale) are read, not run again.
 
     python bench/tag_scale.py --config experiments/mini.yaml --setting d --lr 5e-4 \
         --pretrained results/mini/pretrain/d/best other/results/mini/pretrain/d/best --seeds 0 1 2
@@ -77,8 +77,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--features", type=Path, help="feature stores (default: the setting's, as the DAG)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("bench_tag_scale"))
+    parser.add_argument("--out", type=Path, help="runs and tables (default: results/<preset>/bench_tag_scale)")
     args = parser.parse_args()
+    if args.out is None:  # inside the ignored results folder, not the repository's root
+        from vlbert.layout import Layout
+
+        args.out = Layout(yaml.safe_load(args.config.read_text())["name"]).results / "bench_tag_scale"
 
     rows = []
     for k, checkpoint in enumerate(args.pretrained):
