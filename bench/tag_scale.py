@@ -9,7 +9,8 @@ in the study, the BERT init for `no_pretrain`), this fine-tunes a VCR task with 
 one rate, for each seed, and prints the checkpoint's learnt words' scale, each run's test and
 shuffled-image accuracy, and per checkpoint and switch the mean and spread over the seeds.
 Run it in the study's folder (it reads results/<preset>/ as `vlbert finetune` does); runs already
-done in --out (results/<preset>/bench_tag_scale) are read, not run again.
+done in --out (results/<preset>/bench_tag_scale, one folder per setting, task, rate, checkpoint and
+switch) are read, not run again.
 
     python bench/tag_scale.py --config experiments/mini.yaml --setting d --lr 5e-4 \
         --pretrained results/mini/pretrain/d/best other/results/mini/pretrain/d/best --seeds 0 1 2
@@ -18,6 +19,7 @@ done in --out (results/<preset>/bench_tag_scale) are read, not run again.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -28,14 +30,33 @@ TEXT_SCALE = "vlbert.visual_embeddings.text_scale"
 DEFAULT = "default"  # the setting's own start, as `vlbert finetune` takes it without --pretrained
 
 
-def words_scale(checkpoint: str) -> float | None:
-    """The visual-embedding scale a checkpoint's words learnt (None: no checkpoint)."""
-    if checkpoint == DEFAULT:
-        return None
+def start_checkpoint(checkpoint: str, setting: str, preset: str) -> Path | None:
+    """The folder a run starts from: the one given, or for `default` the setting's pre-training
+    checkpoint in the study (None for a setting that does not pre-train: it starts from BERT)."""
+    from vlbert.layout import Layout
+    from vlbert.registry import setting as registered
+
+    if checkpoint != DEFAULT:
+        return Path(checkpoint)
+    return Layout(preset).pretrained(setting) if registered(setting).pretrains else None
+
+
+def words_scale(start: Path | None) -> float:
+    """The visual-embedding scale a checkpoint's words learnt (0 for BERT: VL-BERT starts it at 0)."""
+    if start is None:
+        return 0.0
     from safetensors import safe_open
 
-    with safe_open(str(Path(checkpoint) / "model.safetensors"), "pt") as weights:
+    with safe_open(str(start / "model.safetensors"), "pt") as weights:
         return float(weights.get_tensor(TEXT_SCALE))
+
+
+def run_folder(args, checkpoint: str, on: bool) -> Path:
+    """Where one (start, rate, switch) pair's seeds run: named by everything that makes the run, so
+    that a run of another rate, setting or checkpoint is never read in its place."""
+    start = checkpoint if checkpoint == DEFAULT else str(Path(checkpoint).resolve())
+    key = hashlib.sha256(f"{args.setting}|{args.task}|{args.lr}|{args.features}|{start}".encode()).hexdigest()[:10]
+    return args.out / f"{args.setting}_{args.task}_lr{args.lr:g}_{key}" / f"tags_at_region_scale_{str(on).lower()}"
 
 
 def preset_with_switch(preset: Path, on: bool, folder: Path) -> Path:
@@ -49,22 +70,23 @@ def preset_with_switch(preset: Path, on: bool, folder: Path) -> Path:
 
 
 def fine_tune(args, checkpoint: str, on: bool, out: Path) -> list[dict]:
-    """One run per seed (those without metrics), then every seed's metrics."""
+    """One run per seed, each in out/seed<N> (those without metrics run), then every seed's metrics."""
     from vlbert.cli import main
 
-    todo = [s for s in args.seeds if not (out / args.task / f"seed{s}" / "metrics.json").exists()]
-    if todo:
-        command = ["finetune", "--config", str(preset_with_switch(args.config, on, args.out / "presets"))]
-        command += ["--setting", args.setting, "--task", args.task, "--lr", str(args.lr)]
-        command += ["--seed", *map(str, todo), "--out", str(out), "--threads", str(args.threads)]
-        command += ["--quiet", "--no-tracking"]
+    preset = preset_with_switch(args.config, on, args.out / "presets")
+    for seed in args.seeds:
+        if (out / f"seed{seed}" / "metrics.json").exists():
+            continue
+        command = ["finetune", "--config", str(preset), "--setting", args.setting, "--task", args.task]
+        command += ["--lr", str(args.lr), "--seed", str(seed), "--out", str(out / f"seed{seed}")]
+        command += ["--threads", str(args.threads), "--quiet", "--no-tracking"]
         if checkpoint != DEFAULT:
             command += ["--pretrained", checkpoint]
         if args.features:
             command += ["--features", str(args.features)]
         if main(command) != 0:
-            raise SystemExit(f"fine-tuning from {checkpoint} (tags_at_region_scale={on}) failed: see above")
-    return [json.loads((out / args.task / f"seed{s}" / "metrics.json").read_text()) for s in args.seeds]
+            raise SystemExit(f"fine-tuning from {checkpoint} (tags_at_region_scale={on}, seed {seed}) failed")
+    return [json.loads((out / f"seed{s}" / "metrics.json").read_text()) for s in args.seeds]
 
 
 def main() -> None:
@@ -84,12 +106,12 @@ def main() -> None:
 
         args.out = Layout(yaml.safe_load(args.config.read_text())["name"]).results / "bench_tag_scale"
 
+    preset = yaml.safe_load(args.config.read_text())["name"]
     rows = []
-    for k, checkpoint in enumerate(args.pretrained):
-        scale = words_scale(checkpoint)
+    for checkpoint in args.pretrained:
+        scale = words_scale(start_checkpoint(checkpoint, args.setting, preset))
         for on in (False, True):
-            out = args.out / f"checkpoint{k}" / f"tags_at_region_scale_{str(on).lower()}"
-            for metrics in fine_tune(args, checkpoint, on, out):
+            for metrics in fine_tune(args, checkpoint, on, run_folder(args, checkpoint, on)):
                 rows.append(
                     {
                         "checkpoint": checkpoint,

@@ -207,13 +207,17 @@ def test_a_tag_carries_its_object_at_the_region_s_scale_only_when_its_config_say
     model = build(VLBertForVCR, smoke_detector, tags_at_region_scale=at_region_scale)
     visual = visual_inputs(images, results)
 
-    def state_of_the_tag(row: int) -> torch.Tensor:
+    switched_off = build(VLBertForVCR, smoke_detector)  # the same weights (build seeds them)
+
+    def states(row: int, of=model) -> torch.Tensor:
         text = [Word("where"), Word("is"), Word("alex", roi=row)]
         batch = pad_batch([processor.encode(text, num_rois=len(r.boxes) - 1) for r in results])
-        return hidden(model, batch, visual)[:, 3]  # [CLS] where is alex
+        return hidden(of, batch, visual)  # [CLS] where is alex [SEP] ...
 
     with torch.no_grad():
-        tagged, untagged = state_of_the_tag(1), state_of_the_tag(0)
+        tagged, untagged = states(1)[:, 3], states(0)[:, 3]
+        # Words with no object of their own ([CLS], [SEP], untagged words) read as without the switch.
+        assert torch.allclose(states(0), states(0, of=switched_off))
     assert model.vlbert.visual_embeddings.text_scale.item() == 0.0
     assert torch.allclose(tagged, untagged) is not at_region_scale
 

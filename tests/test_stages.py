@@ -577,7 +577,9 @@ def test_a_fine_tuning_section_s_head_switches_reach_the_task_model_s_config(tmp
 
     switches = {"standardise_head_input": True, "centre_candidates": True, "tags_at_region_scale": True}
     assert head_overrides({**switches, "lr": 1e-3}, tmp_path) == switches
-    assert head_overrides({"centre_candidates": False}, tmp_path) == {}
+    off = dict.fromkeys(switches, False)
+    assert head_overrides({"centre_candidates": False}, tmp_path) == off
+    assert head_overrides({}, tmp_path) == off  # a start's own switch is turned off where the preset is silent
 
 
 def test_a_fraction_s_run_is_validated_as_often_as_the_whole_set_s(smoke_study, smoke_config, tmp_path):

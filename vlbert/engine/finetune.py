@@ -42,6 +42,8 @@ from .tuned_features import check_store_features
 
 # Training items the head's input statistics are taken on (standardise_head_input).
 HEAD_STATISTICS_ROWS = 2048
+# The task model's config switches a preset's fine-tuning section turns on (off where it is silent).
+HEAD_SWITCHES = ("standardise_head_input", "centre_candidates", "tags_at_region_scale")
 
 
 def head_overrides(options: dict, start) -> dict:
@@ -49,10 +51,9 @@ def head_overrides(options: dict, start) -> dict:
     input, VCR's centred candidates and its tags at their regions' scale, and the body's dropout
     (`dropout`; the new head keeps the start's, as transformers' classifier_dropout does).
     `start`: the checkpoint fine-tuning starts from."""
-    overrides = {}
-    for switch in ("standardise_head_input", "centre_candidates", "tags_at_region_scale"):
-        if options.get(switch):
-            overrides[switch] = True
+    # Each switch set either way: a start whose config has one on (a fine-tuned checkpoint) keeps it
+    # only where the preset says so.
+    overrides = {switch: bool(options.get(switch, False)) for switch in HEAD_SWITCHES}
     if "dropout" in options:
         start_config, _ = PretrainedConfig.get_config_dict(str(start))
         head = start_config.get("classifier_dropout")
