@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from vlbert import tasks
-from vlbert.config import finetune_epochs, load_config
+from vlbert.config import finetune_epochs, finetune_options, load_config
 from vlbert.data.synthetic.world import COLOURS as WORLD_COLOURS
 from vlbert.data.synthetic.world import SHAPES
 from vlbert.engine.build import build_model, load_processor
@@ -252,8 +252,7 @@ def main(argv=None):
     processor = load_processor(results / "bert_init" / "bert", preset["model"]["max_text_length"])
     vocabulary = processor.tokenizer.get_vocab()
     # The tags read their objects as fine-tuning reads them (the preset's tags_at_region_scale).
-    tags = args.task.startswith("vcr") and bool(preset["finetune"]["vcr"].get("tags_at_region_scale"))
-    overrides = {"tags_at_region_scale": True} if tags else {}
+    overrides = {"tags_at_region_scale": bool(finetune_options(preset, args.task).get("tags_at_region_scale"))}
     for name in args.settings:
         setting = setting_entry(name)
         features = results / "features" / "tuned" / name if setting.tune_frcnn else results / "features"

@@ -101,12 +101,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, help="runs and tables (default: results/<preset>/bench_tag_scale)")
     args = parser.parse_args()
+    preset = yaml.safe_load(args.config.read_text())["name"]
     if args.out is None:  # inside the ignored results folder, not the repository's root
         from vlbert.layout import Layout
 
-        args.out = Layout(yaml.safe_load(args.config.read_text())["name"]).results / "bench_tag_scale"
+        args.out = Layout(preset).results / "bench_tag_scale"
 
-    preset = yaml.safe_load(args.config.read_text())["name"]
     rows = []
     for checkpoint in args.pretrained:
         scale = words_scale(start_checkpoint(checkpoint, args.setting, preset))
