@@ -4,7 +4,11 @@ For each pre-training checkpoint given (and the untrained model: the detector's 
 pixel embedding), on the captions that name exactly one colour:
   - colour probe: a linear classifier of the caption's colour, trained on the train images'
     features and scored on val, over the C5 map's mean and over the pixel tokens' mean (chance
-    1 / 7): is the colour still there after pre-training?
+    1 / 7): is the colour still there after pre-training? Beside it, colour's share of those
+    features' variance (between the colours over the total): how strong a component it is
+    for attention and the MLM head to pick up, which a probe on standardised features hides;
+    with --features, the same for the detector's region features (the top-scoring region of
+    each image: what VL-BERT's [IMG] elements take), for comparison.
   - dead units: the share of the pixel embedding's ReLU outputs that are zero, and of hidden
     dimensions zero on every token of the probe's training images;
   - masked colour words (every colour word of a val caption masked, scored among the colours)
@@ -78,6 +82,30 @@ def linear_probe(train_x, train_y, val_x, val_y, steps: int = 300) -> float:
         return 100.0 * (classifier(val_x).argmax(1) == val_y).float().mean().item()
 
 
+def colour_share(features: torch.Tensor, colours: torch.Tensor) -> float:
+    """The share (%) of the features' variance that lies between the colours' means."""
+    mean = features.mean(0)
+    total = (features - mean).square().sum()
+    between = sum(
+        (colours == c).sum() * (features[colours == c].mean(0) - mean).square().sum() for c in colours.unique()
+    )
+    return 100.0 * float(between / total)
+
+
+def top_region_features(features_dir: Path, data: Path, split: str, items) -> torch.Tensor:
+    """[N, D] each item's image's top-scoring region's appearance feature from the study's store."""
+    from vlbert.registry import PRETRAINING_STORES
+    from vlbert.tasks.regions import open_store, regions_of
+
+    store, root = open_store(features_dir, PRETRAINING_STORES[split]), data / "conceptual_captions"
+    rows = []
+    for _, path, _ in items:
+        regions = regions_of(store, str(path.relative_to(root)))
+        best = 1 + int(regions.probs[1:, 1:].max(1).argmax())  # row 0 is the whole image
+        rows.append(torch.from_numpy(regions.features[best].astype("float32")))
+    return torch.stack(rows)
+
+
 def dead_units(activations: torch.Tensor) -> tuple[float, float]:
     """(% of ReLU outputs zero, % of hidden dimensions zero on every token)."""
     zero = activations == 0
@@ -125,6 +153,7 @@ def main() -> None:
     parser.add_argument("pretrained", nargs="+", type=Path, help="Pixel-BERT pre-training checkpoints (best/)")
     parser.add_argument("--data", type=Path, default=Path("results/mini/data"))
     parser.add_argument("--detector", type=Path, default=Path("results/mini/detector"))
+    parser.add_argument("--features", type=Path, help="the study's feature stores, for the region comparison")
     parser.add_argument("--train", type=int, default=1500, help="probe training images")
     parser.add_argument("--val", type=int, default=200, help="val captions")
     args = parser.parse_args()
@@ -132,6 +161,13 @@ def main() -> None:
     train, val = one_colour_captions(args.data, "train", args.train), one_colour_captions(args.data, "val", args.val)
     train_y, val_y = torch.tensor([c for *_, c in train]), torch.tensor([c for *_, c in val])
     print(f"one-colour captions: {len(train)} train, {len(val)} val; chance {100 / len(COLOUR_NAMES):.1f}%")
+    if args.features is not None:
+        regions_train = top_region_features(args.features, args.data, "train", train)
+        regions_val = top_region_features(args.features, args.data, "val", val)
+        print(
+            f"detector's top region: colour probe {linear_probe(regions_train, train_y, regions_val, val_y):.1f}%, "
+            f"colour's share of its variance {colour_share(regions_train, train_y):.1f}%"
+        )
     torch.manual_seed(0)  # the untrained pixel embedding's draw
     untrained = PixelBertForPreTraining(PixelBertConfig.from_pretrained(args.pretrained[0])).eval()
     untrained.load_detector(args.detector)
@@ -148,6 +184,8 @@ def main() -> None:
         print(
             f"  colour probe: C5 map {linear_probe(c5_train, train_y, c5_val, val_y):.1f}%, "
             f"pixel tokens {linear_probe(tokens_train, train_y, tokens_val, val_y):.1f}%; "
+            f"colour's share of their variance {colour_share(c5_train, train_y):.1f}%, "
+            f"{colour_share(tokens_train, train_y):.1f}%; "
             f"ReLU outputs zero {zero:.1f}%, hidden dims dead {dead:.1f}%"
         )
         if model is untrained:

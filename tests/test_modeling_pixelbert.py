@@ -412,6 +412,45 @@ def test_standardised_pixels_read_the_cnn_map_on_its_training_images_statistics(
     assert torch.equal(loaded.feature_std, embeddings.feature_std)
 
 
+def test_whitened_pixels_read_the_cnn_map_with_its_cells_decorrelated(smoke_detector, images, tmp_path):
+    from vlbert.modeling.modeling_pixelbert import WHITEN_EPSILON_SHARE
+
+    model = build(PixelBertForPreTraining, smoke_detector, pixel_whiten=True)
+    embeddings, cnn = model.pixelbert.pixel_embeddings, model.pixelbert.cnn
+    assert torch.equal(embeddings.whitening, torch.eye(len(embeddings.whitening)))
+    model.fit_pixel_statistics(iter(images * 3))
+    with torch.no_grad():
+        features, _ = cnn(images)
+    cells = features.permute(0, 2, 3, 1).flatten(0, 2).double()  # every cell of both images is on its image
+    torch.testing.assert_close(embeddings.feature_mean.double(), cells.mean(0), atol=1e-4, rtol=1e-4)
+    whitened = (cells - cells.mean(0)) @ embeddings.whitening.double()
+    # Each direction's variance is the mean variance shrunk by ZCA's epsilon: decorrelated, and the
+    # directions the map varies along most come out near the mean channel's scale.
+    eigenvalues, vectors = torch.linalg.eigh(torch.cov(cells.T, correction=0))
+    eigenvalues = eigenvalues.clamp_min(0)
+    expected = eigenvalues / (eigenvalues + WHITEN_EPSILON_SHARE * eigenvalues.max()) * eigenvalues.mean()
+    rotated = vectors.T @ torch.cov(whitened.T, correction=0) @ vectors  # in the map's own principal axes
+    torch.testing.assert_close(rotated.diagonal(), expected, atol=1e-3 * float(eigenvalues.mean()), rtol=1e-3)
+    off_diagonal = rotated - torch.diag(rotated.diagonal())
+    assert off_diagonal.abs().max() < 1e-3 * float(eigenvalues.mean())
+    # The conv reads the whitened map: the tokens are those of the map whitened by hand.
+    with torch.no_grad():
+        tokens, _ = embeddings(features)
+        by_hand = torch.relu(
+            embeddings.pool(
+                embeddings.conv(whitened.float().unflatten(0, (2, *features.shape[2:])).permute(0, 3, 1, 2))
+            )
+        )
+    torch.testing.assert_close(
+        tokens, by_hand.flatten(2).transpose(1, 2) + embeddings.visual_embedding, atol=1e-4, rtol=1e-4
+    )
+    model.save_pretrained(tmp_path)
+    loaded = PixelBertForVQA.from_pretrained(tmp_path, num_answers=5).pixelbert.pixel_embeddings
+    assert torch.equal(loaded.whitening, embeddings.whitening)
+    with pytest.raises(ValueError, match="set one"):
+        build(PixelBertForVQA, smoke_detector, pixel_standardise=True, pixel_whiten=True)
+
+
 def test_without_standardised_pixels_the_training_images_are_not_read(smoke_detector):
     def unread():
         raise AssertionError("read an image")

@@ -32,6 +32,12 @@ class PixelBertConfig(VLBertConfig):
         cells of the training images that lie on their image, set by `fit_pixel_statistics`) before
         the pixel embedding's conv, as VL-BERT centres its regions' appearance features. False:
         the map as the CNN gives it.
+    pixel_whiten: the C5 map's cells whitened (ZCA, on the same statistics as pixel_standardise,
+        with their covariance) before the pixel embedding's conv: a fixed linear map that the conv
+        could absorb, so the model is the same and only its learning changes. Colour is 3 to 4% of
+        a cell's variance on the mini world (20 to 30% of a detector region's), too small a
+        component for masked words to learn to read; whitened, it is read
+        (reports/reference/mini/README.md). Not with pixel_standardise.
     cnn: "detector": the detector's trunk (its ResNet to C4, then its C5 stage over the whole map),
         initialised from the trained detector by `load_detector`; "resnet50": torchvision's
         ResNet-50 to C5, for real images, its ImageNet weights loaded by the caller
@@ -57,6 +63,7 @@ class PixelBertConfig(VLBertConfig):
         pixel_samples: int = 0,
         pixel_pool: bool | None = None,
         pixel_standardise: bool = False,
+        pixel_whiten: bool = False,
         cnn: str = "detector",
         image_min_size: int | None = None,
         image_max_size: int | None = None,
@@ -69,6 +76,10 @@ class PixelBertConfig(VLBertConfig):
             raise ValueError(f"PixelBertConfig.cnn must be one of {', '.join(CNNS)}, got {cnn!r}")
         if pixel_samples < 0:
             raise ValueError(f"PixelBertConfig.pixel_samples must be >= 0, got {pixel_samples}")
+        if pixel_standardise and pixel_whiten:
+            raise ValueError(
+                "PixelBertConfig: pixel_standardise and pixel_whiten are two ways to scale the map; set one"
+            )
         if not 0 <= cnn_trainable_layers <= 5:
             raise ValueError(f"PixelBertConfig.cnn_trainable_layers must be 0 to 5, got {cnn_trainable_layers}")
         self.cnn_trainable_layers = cnn_trainable_layers
@@ -76,6 +87,7 @@ class PixelBertConfig(VLBertConfig):
         self.pixel_samples = pixel_samples
         self.pixel_pool = pixel_pool
         self.pixel_standardise = pixel_standardise
+        self.pixel_whiten = pixel_whiten
         self.cnn = cnn
         self.image_min_size = image_min_size
         self.image_max_size = image_max_size

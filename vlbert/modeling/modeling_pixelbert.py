@@ -68,6 +68,10 @@ POOL_MIN_SIDE = 16
 PIXEL_STATISTICS_IMAGES = 512
 PIXEL_STATISTICS_BATCH = 32
 STANDARDISE_MIN_STD_SHARE = 1e-2
+# pixel_whiten: this share of the covariance's largest eigenvalue is added to every eigenvalue
+# before the inverse square root (ZCA's epsilon), so that directions the CNN (almost) never varies
+# along are not scaled up into noise.
+WHITEN_EPSILON_SHARE = 1e-2
 # A frozen trunk keeps each image's map up to this many bytes in all (the mini world's: 37 KB an
 # image at C4); past it, maps are computed every time they are read.
 PIXEL_MAP_CACHE_BYTES = 2 * 2**30
@@ -251,14 +255,19 @@ class PixelBertPixelEmbeddings(nn.Module):
     enough (`pixel_pool`), ReLU, flattened in raster order; plus the paper's semantic embedding
     s_v, one learned vector shared by every pixel (BERT's embeddings add the image segment).
     With `pixel_standardise`, the map's channels are standardised first (buffers `feature_mean`,
-    `feature_std`, saved with the weights)."""
+    `feature_std`, saved with the weights); with `pixel_whiten`, its cells are whitened (buffers
+    `feature_mean`, `whitening`)."""
 
     def __init__(self, config: PixelBertConfig, in_channels: int, cnn_stride: int):
         super().__init__()
-        self.standardise = config.pixel_standardise
-        if self.standardise:  # buffers only then: checkpoints made without it load as they were
+        self.standardise, self.whiten = config.pixel_standardise, config.pixel_whiten
+        # Buffers only with a lever on: checkpoints made without one load as they were.
+        if self.standardise or self.whiten:
             self.register_buffer("feature_mean", torch.zeros(in_channels))
+        if self.standardise:
             self.register_buffer("feature_std", torch.ones(in_channels))
+        if self.whiten:
+            self.register_buffer("whitening", torch.eye(in_channels))
         self.conv = nn.Conv2d(in_channels, config.hidden_size, 3, padding=1)
         pool = config.pixel_pool
         if pool is None:
@@ -279,6 +288,9 @@ class PixelBertPixelEmbeddings(nn.Module):
         """[B, C, h', w'] -> [B, h * w, H] tokens and the map's (h, w)."""
         if self.standardise:
             features = (features - self.feature_mean[:, None, None]) / self.feature_std[:, None, None]
+        elif self.whiten:
+            centred = features - self.feature_mean[:, None, None]
+            features = torch.einsum("bchw,cd->bdhw", centred, self.whitening.to(centred.dtype))
         pixel_map = F.relu(self.pool(self.conv(features)))
         return pixel_map.flatten(2).transpose(1, 2) + self.visual_embedding, tuple(pixel_map.shape[2:])
 
@@ -368,29 +380,48 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
 
     @torch.no_grad()
     def fit_pixel_statistics(self, images: Iterable[torch.Tensor]) -> None:
-        """With `pixel_standardise`: each C5 channel's mean and deviation over the on-image cells of
-        the first `PIXEL_STATISTICS_IMAGES` training images (float RGB [3, H, W] in [0, 1]), which
-        the pixel embedding standardises the map with. Without it, `images` is not read. Call it
-        after the CNN has its weights (`load_detector`, or a ResNet-50's `load_resnet_state`)."""
-        if not self.config.pixel_standardise:
+        """With `pixel_standardise` or `pixel_whiten`: the C5 map's statistics over the on-image
+        cells of the first `PIXEL_STATISTICS_IMAGES` training images (float RGB [3, H, W] in
+        [0, 1]), which the pixel embedding standardises or whitens the map with. Without either,
+        `images` is not read. Call it after the CNN has its weights (`load_detector`, or a
+        ResNet-50's `load_resnet_state`)."""
+        config = self.config
+        if not (config.pixel_standardise or config.pixel_whiten):
             return
         embeddings, cnn = self.base_model.pixel_embeddings, self.base_model.cnn
         device = embeddings.feature_mean.device
-        total, total_sq, count = 0.0, 0.0, 0
+        total, total_outer, count = 0.0, 0.0, 0
         images = iter(itertools.islice(images, PIXEL_STATISTICS_IMAGES))
         while batch := list(itertools.islice(images, PIXEL_STATISTICS_BATCH)):
             features, resized = cnn([image.to(device) for image in batch])
-            cells = cells_on_image(resized, cnn.stride, features.shape[2:]).unsqueeze(1).to(features.dtype)
-            total = total + (features * cells).sum((0, 2, 3)).double()
-            total_sq = total_sq + (features.square() * cells).sum((0, 2, 3)).double()
-            count += int(cells.sum())
+            on_image = cells_on_image(resized, cnn.stride, features.shape[2:])
+            cells = features.permute(0, 2, 3, 1)[on_image].double()  # [cells, C]
+            total = total + cells.sum(0)
+            total_outer = total_outer + cells.T @ cells
+            count += len(cells)
         if not count:
             raise ValueError("no images to take the pixel features' statistics from")
         mean = total / count
-        std = (total_sq / count - mean.square()).clamp_min(0).sqrt()
-        std = std.clamp_min(float(std.median()) * STANDARDISE_MIN_STD_SHARE)
+        covariance = total_outer / count - torch.outer(mean, mean)
         embeddings.feature_mean.copy_(mean.float())
-        embeddings.feature_std.copy_(std.float())
+        if config.pixel_standardise:
+            std = covariance.diagonal().clamp_min(0).sqrt()
+            std = std.clamp_min(float(std.median()) * STANDARDISE_MIN_STD_SHARE)
+            embeddings.feature_std.copy_(std.float())
+        else:
+            embeddings.whitening.copy_(whitening_matrix(covariance).float())
+
+
+def whitening_matrix(covariance: torch.Tensor) -> torch.Tensor:
+    """ZCA whitening for features with this covariance [C, C]: V diag(1 / sqrt(eigenvalue + eps))
+    V^T with eps `WHITEN_EPSILON_SHARE` of the largest eigenvalue, times the root of the mean
+    eigenvalue, so that the whitened map keeps the map's mean variance per channel (the conv after
+    it starts at the scale it would have had). Symmetric: a cell's whitened channel c is still
+    mostly its channel c."""
+    eigenvalues, vectors = torch.linalg.eigh(covariance)
+    eigenvalues = eigenvalues.clamp_min(0)
+    epsilon = float(eigenvalues.max()) * WHITEN_EPSILON_SHARE
+    return (vectors * (eigenvalues + epsilon).rsqrt()) @ vectors.T * eigenvalues.mean().sqrt()
 
 
 class PixelBertModel(PixelBertPreTrainedModel):
