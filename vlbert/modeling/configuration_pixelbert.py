@@ -36,8 +36,9 @@ class PixelBertConfig(VLBertConfig):
         with their covariance) before the pixel embedding's conv: a fixed linear map that the conv
         could absorb, so the model is the same and only its learning changes. Colour is 3 to 4% of
         a cell's variance on the mini world (20 to 30% of a detector region's), too small a
-        component for masked words to learn to read; whitened, it is read
-        (reports/reference/mini/README.md). Not with pixel_standardise.
+        component for masked words to learn to read; whitened, with the CNN frozen in pre-training,
+        it is read (not with the CNN trained: reports/reference/mini/README.md). Not with
+        pixel_standardise.
     cnn: "detector": the detector's trunk (its ResNet to C4, then its C5 stage over the whole map),
         initialised from the trained detector by `load_detector`; "resnet50": torchvision's
         ResNet-50 to C5, for real images, its ImageNet weights loaded by the caller
