@@ -131,6 +131,28 @@ def test_the_builder_gives_pixel_statistics_to_a_family_that_takes_them(smoke_st
     assert (embeddings.feature_std > 0).all()
 
 
+def test_pixel_bert_s_cnn_can_be_frozen_for_pre_training_with_its_cells_whitened(smoke_study, smoke_config):
+    import copy
+
+    import torch
+
+    from vlbert.config import validate
+    from vlbert.detection.sources import image_items
+    from vlbert.engine.build import build_model
+    from vlbert.modeling import PixelBertForPreTraining
+
+    paths = [item.path for item in image_items(smoke_study["data"] / "vqa", "vqa", "train2014")]
+    preset = copy.deepcopy(smoke_config)
+    preset["model"]["pixelbert"] |= {"cnn_trainable_layers": 0, "pixel_whiten": True}
+    validate(preset)
+    bert, detector = smoke_study["bert"], smoke_study["detector"]
+    model, _ = build_model(PixelBertForPreTraining, preset, bert, detector, image_paths=iter(paths))
+    cnn = model.pixelbert.cnn
+    assert model.config.cnn_trainable_layers == 0 and cnn.frozen_stage() == "c5"
+    assert not any(p.requires_grad for p in cnn.parameters())
+    assert not torch.equal(model.pixelbert.pixel_embeddings.whitening, torch.eye(cnn.out_channels))
+
+
 def test_detected_objects_counts_each_confident_object_once():
     import numpy as np
 

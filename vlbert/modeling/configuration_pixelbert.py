@@ -46,7 +46,9 @@ class PixelBertConfig(VLBertConfig):
     cnn_trainable_layers: the CNN's stages that train, counted from its last, as torchvision's
         `trainable_backbone_layers`: 5 every stage (the paper), 1 only C5, 0 none; the others are
         frozen. With the trunk to C4 frozen (1 or 0), an image given with a key has that part
-        computed once (`PixelBertCNN`): fine-tuning reads each image many times.
+        computed once (`PixelBertCNN`): fine-tuning reads each image many times. In a preset,
+        `model.pixelbert.cnn_trainable_layers` sets it for pre-training; each fine-tuning section's
+        own key overrides it for that task.
     c5_dilation: the C5 stage's stride replaced by dilation (DeepLab's output stride;
         torchvision's `replace_stride_with_dilation`), the same weights: the map at C4's stride, four
         times the cells and pixel tokens (a 96-px image through the stride-8 detector trunk: 12 x

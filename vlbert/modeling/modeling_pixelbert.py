@@ -390,7 +390,7 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
             return
         embeddings, cnn = self.base_model.pixel_embeddings, self.base_model.cnn
         device = embeddings.feature_mean.device
-        total, total_outer, count = 0.0, 0.0, 0  # total_outer: sums of products, or of squares
+        total, second_moments, count = 0.0, 0.0, 0
         images = iter(itertools.islice(images, PIXEL_STATISTICS_IMAGES))
         while batch := list(itertools.islice(images, PIXEL_STATISTICS_BATCH)):
             features, resized = cnn([image.to(device) for image in batch])
@@ -399,16 +399,16 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
             total = total + cells.sum(0)
             # Whitening needs the channels' products; standardising only their squares (a
             # ResNet-50's 2,048 channels make the products dear).
-            total_outer = total_outer + (cells.T @ cells if config.pixel_whiten else cells.square().sum(0))
+            second_moments = second_moments + (cells.T @ cells if config.pixel_whiten else cells.square().sum(0))
             count += len(cells)
         if not count:
             raise ValueError("no images to take the pixel features' statistics from")
         mean = total / count
         embeddings.feature_mean.copy_(mean.float())
         if config.pixel_whiten:
-            embeddings.whitening.copy_(whitening_matrix(total_outer / count - torch.outer(mean, mean)).float())
+            embeddings.whitening.copy_(whitening_matrix(second_moments / count - torch.outer(mean, mean)).float())
         else:
-            std = (total_outer / count - mean.square()).clamp_min(0).sqrt()
+            std = (second_moments / count - mean.square()).clamp_min(0).sqrt()
             std = std.clamp_min(float(std.median()) * STANDARDISE_MIN_STD_SHARE)
             embeddings.feature_std.copy_(std.float())
 
