@@ -39,6 +39,10 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
     assert [t["lr"] for t in best["refcoco_gt"]["trials"]] == [1e-3, 3e-3]
     assert [t["lr"] for t in best["vqa"]["trials"]] == [1e-3]
     assert all(t["best_val_accuracy"] is not None for b in best.values() for t in b["trials"])  # the crash was retried
+    # Each trial keeps the val items its scores rest on, and the choice its rule's trace.
+    assert all(t["val_items"] > 0 for b in best.values() for t in b["trials"])
+    assert best["refcoco_gt"]["tie_ses"] == 2.0 and best["refcoco_gt"]["best_scoring_lr"] in (1e-3, 3e-3)
+    assert best["refcoco_gt"]["tied"] == (best["refcoco_gt"]["lr"] != best["refcoco_gt"]["best_scoring_lr"])
     # Trials never look at test.
     assert not list((tmp_path / "sweep").rglob("predictions_test.json"))
     # The seeds re-run each task's chosen rate, every (task, seed) in OUT/<task>/seed<N>/; the
@@ -87,6 +91,57 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
             == 0
         )
         assert run_metrics(tmp_path / "seeds" / task / "seed0") == run_metrics(tmp_path / "scratch" / task)
+
+
+def test_the_lowest_rate_is_chosen_unless_another_leads_it_beyond_the_noise():
+    from vlbert.study.sweep import choose_rate
+
+    def trial(lr, accuracy, items=250):
+        return {"lr": lr, "best_val_accuracy": accuracy, "val_items": items}
+
+    # 4 points on 250 items is within two SEs of the difference (about 8.7): the lower rate.
+    assert choose_rate([trial(3e-4, 60.5), trial(1e-4, 56.5)], 2.0)["lr"] == 1e-4
+    assert choose_rate([trial(3e-4, 60.5), trial(1e-4, 56.5)], 0.0)["lr"] == 3e-4
+    # 20 points is not: the better rate, and so on 2,500 items for 4.
+    assert choose_rate([trial(3e-4, 60.5), trial(1e-4, 40.5)], 2.0)["lr"] == 3e-4
+    assert choose_rate([trial(3e-4, 60.5, 2500), trial(1e-4, 56.5, 2500)], 2.0)["lr"] == 3e-4
+    # A rate that failed does not take part; items unknown (an older sweep): the best score.
+    assert choose_rate([trial(1e-4, None), trial(3e-4, 50.0)], 2.0)["lr"] == 3e-4
+    assert choose_rate([trial(3e-4, 60.5, None), trial(1e-4, 60.4, None)], 2.0)["lr"] == 3e-4
+    # Three rates: the lowest of those within the noise of the best, not merely the best's neighbour.
+    assert choose_rate([trial(1e-4, 30.0), trial(3e-4, 58.0), trial(1e-3, 60.0)], 2.0)["lr"] == 3e-4
+
+
+def test_a_trial_stops_at_a_rung_only_where_another_of_its_task_beats_it_beyond_the_noise():
+    from ray.tune.schedulers import TrialScheduler
+
+    from vlbert.study.sweep import EPOCH_METRIC, ITEMS, METRIC, asha_rungs, significant_halving
+
+    assert asha_rungs(15) == [3, 6, 12] and asha_rungs(10) == [2, 4, 8] and asha_rungs(8) == [2, 4]
+    assert asha_rungs(1) == []
+    scheduler = significant_halving({"vqa": 10, "vcr_q2a": 10}, 2.0)
+
+    class Trial:
+        def __init__(self, trial_id, task):
+            self.trial_id, self.config = trial_id, {"trial": {"task": task, "lr": 1e-4}}
+
+    def report(trial, epoch, accuracy):
+        return scheduler.on_trial_result(None, trial, {METRIC: accuracy, ITEMS: 250, EPOCH_METRIC: epoch})
+
+    go, stop = TrialScheduler.CONTINUE, TrialScheduler.STOP
+    low, high = Trial("low", "vqa"), Trial("high", "vqa")
+    # A tenth of a point at the first rung: both go on (ASHA stopped one of them).
+    assert report(low, 1, 30.0) == go and report(high, 1, 31.0) == go
+    assert report(high, 2, 38.2) == go and report(low, 2, 38.1) == go
+    # 15 points at the second rung is beyond two SEs of the difference (about 8.6).
+    assert report(high, 4, 45.0) == go and report(low, 4, 30.0) == stop
+    # Whichever reaches the rung first: the trailing one stops at its next result.
+    early, late = Trial("early", "vcr_q2a"), Trial("late", "vcr_q2a")
+    assert report(early, 2, 20.0) == go and report(late, 2, 50.0) == go
+    assert report(early, 3, 21.0) == stop and report(late, 3, 51.0) == go
+    # Tasks are never compared with each other.
+    other = Trial("other", "vcr_q2a")
+    assert report(Trial("vqa_leader", "vqa"), 2, 90.0) == go and report(other, 2, 49.0) == go
 
 
 def test_a_trial_runs_with_the_inputs_its_sweep_s_command_resolved(tmp_path, monkeypatch):

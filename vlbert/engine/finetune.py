@@ -174,7 +174,8 @@ class FinetuneStage(Stage):
         return out.loss, out.losses
 
     def validate(self, model):
-        return self.task.score(predict(model, self.task, self.val, self.batch_size), "val")
+        # n: the items the score rests on (a sweep weighs two rates' scores by their standard error).
+        return {**self.task.score(predict(model, self.task, self.val, self.batch_size), "val"), "n": len(self.val)}
 
     def identity(self) -> dict:
         # What this run is made from: a checkpoint of any other run (another rate, seed, preset value,

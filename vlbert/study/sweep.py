@@ -1,8 +1,11 @@
 """Learning-rate sweeps with Ray Tune: the one module that talks to Ray.
 
-For one setting: a grid over its tasks and the preset's learning rates in one Tuner, ASHA
-stopping poor trials on the validation metric (per task), at most as many concurrent trials as
-the job's cores (or GPUs) allow, a crashed trial retried. Trials never look at the test split.
+For one setting: a grid over its tasks and the preset's learning rates in one Tuner, ASHA's rungs
+stopping a trial on the validation metric (per task) only where another rate beats it beyond the
+noise of the val split, at most as many concurrent trials as the job's cores (or GPUs) allow, a
+crashed trial retried. The chosen rate is the lowest within that noise of the best (`choose_rate`),
+so that two runs whose trials differ in their last bits choose alike. Trials never look at the
+test split.
 MLflow: each task's sweep is a parent run, every trial a child run (mlflow.parentRunId) in the
 same experiment. The result is OUT/<task>/best.json; each trial's folder is
 OUT/<task>/trials/lr_<lr>/, where the chosen run's seed can continue it (`continue_trial`).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -42,6 +46,8 @@ from ..tracking import (
 # Ray can end a trial's worker before the trial closes its MLflow run (the sweep's last trial, say).
 UNCLOSED_TRIAL = "the sweep ended; Ray stopped this trial before it closed its run"
 METRIC = val_metric("accuracy")  # the sweeps' score, as the training loop logs it each epoch
+ITEMS = val_metric("n")  # the val items it rests on, for its standard error
+TIE_SES = 2.0  # sweep.tie_ses's default: two rates within two SEs of the difference tie
 FAULT_ONCE = "VLBERT_FAULT_ONCE"  # test hook: a trial crashes once if this file does not exist yet
 # A local Ray's temp folder: /tmp/ray-vlbert-<PID of the process that started it>-XXXXXXXX. Short,
 # as Ray's socket paths under it must stay within 107 bytes; the PID tells a dead sweep's folder.
@@ -139,8 +145,9 @@ def _cluster_ray(address: str):
 
 
 class TuneReport(Callback):
-    """A training loop callback that hands each epoch's validation accuracy to Ray Tune (for
-    ASHA). Ray may end the trial inside the report, so it comes before the best epoch is saved."""
+    """A training loop callback that hands each epoch's validation accuracy, and the val items it
+    rests on, to Ray Tune (for the sweep's scheduler). Ray may end the trial inside the report, so
+    it comes before the best epoch is saved."""
 
     def __init__(self):
         self.reported = False
@@ -153,7 +160,9 @@ class TuneReport(Callback):
         accuracy = metrics.get(METRIC.removeprefix(VAL_PREFIX))
         if is_main_process() and isinstance(accuracy, (int, float)):
             self.reported = True
-            tune.report({METRIC: accuracy, EPOCH_METRIC: epoch + 1})
+            tune.report(
+                {METRIC: accuracy, ITEMS: metrics.get(ITEMS.removeprefix(VAL_PREFIX)), EPOCH_METRIC: epoch + 1}
+            )
 
 
 def _trial(config: dict) -> None:
@@ -198,53 +207,92 @@ def _trial(config: dict) -> None:
         finetune(context, setting(config["setting"]), task, lr, config["seed"], out, score_test=False)
         status = "FINISHED"
     except BaseException:
-        # Ray ends a trial from inside tune.report when ASHA stops it (or it reached max_t).
+        # Ray ends a trial from inside tune.report when the scheduler stops it (or it reached its last epoch).
         status = "KILLED" if reporter.reported else "FAILED"
         raise
     finally:
         tracker.close(status)
 
 
-def per_task_asha(max_t_by_task: dict[str, int]):
-    """ASHA kept apart per task: one Tuner runs every (task, lr) trial of a setting, and each
-    task's trials are only ever compared with each other (accuracies of different tasks are not
-    on one scale, and each task has its own number of epochs). Built here so that importing this
-    module does not import Ray."""
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+def difference_se(accuracy: float, other: float, items: int | None) -> float:
+    """The standard error of the difference of two accuracies (percent) on `items` val items, as of
+    two independent proportions: an upper bound for two runs scored on the same items. 0 where the
+    items are unknown (a sweep of an older version)."""
+    if not items:
+        return 0.0
+    p, q = accuracy / 100, other / 100
+    return 100 * math.sqrt(max(p * (1 - p) + q * (1 - q), 0.0) / items)
 
-    class PerTaskASHA(FIFOScheduler):
+
+def beaten(accuracy: float, best: float, items: int | None, ses: float) -> bool:
+    """Whether `best` is above `accuracy` beyond `ses` standard errors of their difference."""
+    return best - accuracy > ses * difference_se(accuracy, best, items)
+
+
+def asha_rungs(max_t: int) -> list[int]:
+    """ASHA's milestones (Ray's ASHAScheduler with grace_period max_t // 4, reduction_factor 2): the
+    epochs at which a task's trials are compared."""
+    rungs, rung = [], max(1, max_t // 4)
+    while rung < max_t:
+        rungs.append(rung)
+        rung *= 2
+    return rungs
+
+
+def choose_rate(trials: list[dict], ses: float) -> dict:
+    """The trial whose rate the study takes: the lowest rate whose best val accuracy is within
+    `ses` standard errors of the difference of the best one's. Between two rates the val split
+    cannot tell apart, a choice by the larger score follows the runs' last bits (docs/study.md,
+    "Choosing a rate"); a fixed rule chooses alike. `ses` 0: the best score,
+    the lower rate on an exact tie."""
+    finished = [t for t in trials if t["best_val_accuracy"] is not None]
+    leader = max(finished, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
+    tied = [
+        t for t in finished if not beaten(t["best_val_accuracy"], leader["best_val_accuracy"], t.get("val_items"), ses)
+    ]
+    return min(tied, key=lambda t: t["lr"])
+
+
+def significant_halving(max_t_by_task: dict[str, int], ses: float):
+    """ASHA's rungs kept apart per task, a trial stopped at a rung only where another trial of its
+    task scored above it there beyond `ses` standard errors of the difference (`beaten`). ASHA
+    stops the lower half of a rung however small the gap: at a quarter of the epochs two rates
+    are often within a few tenths of a point, and the one that went on took the choice. One Tuner
+    runs every (task, lr) trial of a setting; accuracies of different tasks are not on one scale,
+    and each task has its own epochs. A trial is judged at every result against every rung it has
+    passed, so the order in which trials reach a rung does not matter. Built here so that
+    importing this module does not import Ray."""
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class SignificantHalving(FIFOScheduler):
         def __init__(self):
             super().__init__()
-            self._by_task = {
-                task: ASHAScheduler(
-                    time_attr="training_iteration", max_t=max_t, grace_period=max(1, max_t // 4), reduction_factor=2
-                )
-                for task, max_t in max_t_by_task.items()
-            }
-
-        def set_search_properties(self, metric, mode, **spec) -> bool:
-            super().set_search_properties(metric, mode, **spec)
-            return all(s.set_search_properties(metric, mode, **spec) for s in self._by_task.values())
-
-        def _of(self, trial):
-            return self._by_task[trial.config["trial"]["task"]]
-
-        def on_trial_add(self, controller, trial):
-            self._of(trial).on_trial_add(controller, trial)
+            self._rungs = {task: asha_rungs(max_t) for task, max_t in max_t_by_task.items()}
+            self._at_rung = {}  # (task, rung) -> {trial_id: (accuracy, items)}
 
         def on_trial_result(self, controller, trial, result):
-            return self._of(trial).on_trial_result(controller, trial, result)
-
-        def on_trial_complete(self, controller, trial, result):
-            self._of(trial).on_trial_complete(controller, trial, result)
-
-        def on_trial_remove(self, controller, trial):
-            self._of(trial).on_trial_remove(controller, trial)
+            task = trial.config["trial"]["task"]
+            accuracy, epoch = result.get(METRIC), int(result.get(EPOCH_METRIC, result.get("training_iteration", 0)))
+            if accuracy is None:
+                return TrialScheduler.CONTINUE
+            for rung in self._rungs[task]:
+                if rung > epoch:
+                    break
+                # A trial validated less often than every epoch is placed at its first score past the rung.
+                self._at_rung.setdefault((task, rung), {}).setdefault(trial.trial_id, (accuracy, result.get(ITEMS)))
+            for rung in self._rungs[task]:
+                scores = self._at_rung.get((task, rung), {})
+                if trial.trial_id not in scores:
+                    break
+                own, items = scores[trial.trial_id]
+                if any(beaten(own, other, items, ses) for other, _ in scores.values()):
+                    return TrialScheduler.STOP
+            return TrialScheduler.CONTINUE
 
         def debug_string(self) -> str:
-            return "; ".join(f"{task}: {s.debug_string()}" for task, s in self._by_task.items())
+            return f"significant halving at {ses:g} SEs, rungs {self._rungs}"
 
-    return PerTaskASHA()
+    return SignificantHalving()
 
 
 def run_sweeps(
@@ -260,8 +308,9 @@ def run_sweeps(
     """Sweep the preset's learning rates for one setting on each task, in one Ray Tune run.
 
     Every (task, lr) trial runs under one Tuner, so trials share worker processes (one import of
-    torch per worker, not per trial) and keep the job's cores busy across tasks; ASHA compares
-    trials of the same task only. Writes OUT/<task>/best.json per task and returns {task: summary}.
+    torch per worker, not per trial) and keep the job's cores busy across tasks; the scheduler
+    compares trials of the same task only (`significant_halving`). Writes OUT/<task>/best.json per
+    task and returns {task: summary}.
     `make_parent(task)` gives each task's MLflow parent run (a Tracker); trials log child runs.
     The Tuner (`_tune`) runs in a Ray driver process of its own (`run_in_driver_process`).
     """
@@ -471,7 +520,7 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
     }
     configured = int(options.get("concurrent_trials", 0)) or len(grid)
     concurrent = max(1, min(configured, len(grid), int((cores or os.cpu_count() or 1) // max(threads, 1))))
-    scheduler = per_task_asha({task: finetune_epochs(preset, task) for task in tasks})
+    scheduler = significant_halving({task: finetune_epochs(preset, task) for task in tasks}, tie_ses(preset))
     tuner = tune.Tuner(
         tune.with_resources(_trial, {"cpu": threads, "gpu": gpus}),
         param_space=space,
@@ -489,10 +538,12 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
     for result in tuner.fit():
         history = result.metrics_dataframe
         curve = history[METRIC].tolist() if history is not None and METRIC in history else []
+        items = history[ITEMS].dropna().tolist() if history is not None and ITEMS in history else []
         trials[result.config["trial"]["task"]].append(
             {
                 "lr": result.config["trial"]["lr"],
                 "best_val_accuracy": max(curve) if curve else None,
+                "val_items": int(items[-1]) if items else None,
                 "val_accuracy_by_epoch": curve,
                 "error": str(result.error) if result.error else None,
             }
@@ -509,10 +560,11 @@ def _absolute_inputs(inputs: RunInputs) -> dict:
 
 
 def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
-    finished = [t for t in trials if t["best_val_accuracy"] is not None]
-    if not finished:
+    if not any(t["best_val_accuracy"] is not None for t in trials):
         raise RuntimeError(f"sweep {setting_name}/{task}: every trial failed: {[t['error'] for t in trials]}")
-    best = max(finished, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
+    ses = tie_ses(preset)
+    best = choose_rate(trials, ses)
+    leader = choose_rate(trials, 0.0)
     seed = sweep_seed(preset)
     summary = {
         "setting": setting_name,
@@ -520,6 +572,10 @@ def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
         "seed": seed,
         "lr": best["lr"],
         "val_accuracy": best["best_val_accuracy"],
+        # The rule's trace: the best score's rate, and whether the chosen one tied with it.
+        "tie_ses": ses,
+        "best_scoring_lr": leader["lr"],
+        "tied": best is not leader,
         "trials": sorted(trials, key=lambda t: t["lr"]),
     }
     io.write_json(out / "best.json", summary, indent=2)
@@ -536,7 +592,7 @@ def continue_trial(task_dir, seed: int, out) -> Path | None:
     """Start the chosen rate's run for `seed` where the sweep's own trial of it stopped.
 
     The trial is that very run (same preset, rate and seed; trials run with the sweep's seed) cut
-    short: Ray ends it inside its last report, before its last checkpoint, or ASHA stops it early.
+    short: Ray ends it inside its last report, before its last checkpoint, or the scheduler stops it early.
     Its checkpoint and best weights are copied into OUT, whose fine-tuning then resumes from them
     as from its own crash, to the same metrics as a run from scratch. Returns the trial folder, or
     None (another seed, OUT already has a checkpoint of its own, or the trial left none).
@@ -560,6 +616,12 @@ def continue_trial(task_dir, seed: int, out) -> Path | None:
 def sweep_seed(preset: dict) -> int:
     """Trials run with the first of the preset's seeds."""
     return study_seeds(preset)[0]
+
+
+def tie_ses(preset: dict) -> float:
+    """sweep.tie_ses: how many standard errors of the difference two rates' val accuracies must
+    part by for the sweep to stop or pass over the lower one."""
+    return float(preset.get("sweep", {}).get("tie_ses", TIE_SES))
 
 
 def sweep_lrs(preset: dict, task: str) -> list[float]:
