@@ -93,8 +93,8 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
         assert run_metrics(tmp_path / "seeds" / task / "seed0") == run_metrics(tmp_path / "scratch" / task)
 
 
-def test_the_lowest_rate_is_chosen_unless_another_leads_it_beyond_the_noise():
-    from vlbert.study.sweep import choose_rate
+def test_the_preset_s_rate_or_the_lowest_is_chosen_unless_another_leads_it_beyond_the_noise():
+    from vlbert.study.sweep import choose_rate, preset_lr
 
     def trial(lr, accuracy, items=250):
         return {"lr": lr, "best_val_accuracy": accuracy, "val_items": items}
@@ -110,6 +110,18 @@ def test_the_lowest_rate_is_chosen_unless_another_leads_it_beyond_the_noise():
     assert choose_rate([trial(3e-4, 60.5, None), trial(1e-4, 60.4, None)], 2.0)["lr"] == 3e-4
     # Three rates: the lowest of those within the noise of the best, not merely the best's neighbour.
     assert choose_rate([trial(1e-4, 30.0), trial(3e-4, 58.0), trial(1e-3, 60.0)], 2.0)["lr"] == 3e-4
+    # The preset's own rate is kept within the noise, and left only on evidence.
+    assert choose_rate([trial(3e-4, 60.5), trial(1e-4, 56.5)], 2.0, preferred=3e-4)["lr"] == 3e-4
+    assert choose_rate([trial(3e-4, 56.5), trial(1e-4, 60.5)], 2.0, preferred=3e-4)["lr"] == 3e-4
+    assert choose_rate([trial(3e-4, 40.5), trial(1e-4, 60.5)], 2.0, preferred=3e-4)["lr"] == 1e-4
+    assert choose_rate([trial(3e-4, 60.5), trial(1e-4, 56.5)], 2.0, preferred=1e-3)["lr"] == 1e-4
+    # The preferred rate is the task's fine-tuning section's; a task's sweep reads its own section.
+    preset = {"finetune": {"vqa": {"lr": 3e-4}, "vcr": {"lr": 1e-3}, "refcoco": {}}}
+    assert (preset_lr(preset, "vqa"), preset_lr(preset, "vcr_qa2r"), preset_lr(preset, "refcoco_det")) == (
+        3e-4,
+        1e-3,
+        None,
+    )
 
 
 def test_a_trial_stops_at_a_rung_only_where_another_of_its_task_beats_it_beyond_the_noise():
@@ -139,6 +151,8 @@ def test_a_trial_stops_at_a_rung_only_where_another_of_its_task_beats_it_beyond_
     early, late = Trial("early", "vcr_q2a"), Trial("late", "vcr_q2a")
     assert report(early, 2, 20.0) == go and report(late, 2, 50.0) == go
     assert report(early, 3, 21.0) == stop and report(late, 3, 51.0) == go
+    # A trial's last epoch ends it, as ASHA's max_t.
+    assert report(high, 10, 60.0) == stop
     # Tasks are never compared with each other.
     other = Trial("other", "vcr_q2a")
     assert report(Trial("vqa_leader", "vqa"), 2, 90.0) == go and report(other, 2, 49.0) == go

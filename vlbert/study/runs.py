@@ -380,8 +380,8 @@ def _swept_lr(lr_from: str, task: str, tasks: int) -> float:
 def sweep(args) -> int:
     """A grid over the tasks and the preset's sweep.lrs in one Ray Tune run, ASHA's rungs on each
     task's validation accuracy (a trial stopped only beyond the val split's noise), the choice
-    (the lowest rate within that noise of the best) written to OUT/<task>/best.json. MLflow: a
-    parent run per task with a child run per trial."""
+    (the preset's rate unless another beats it beyond that noise) written to OUT/<task>/best.json.
+    MLflow: a parent run per task with a child run per trial."""
     import os
 
     from ..registry import setting

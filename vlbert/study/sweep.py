@@ -3,9 +3,9 @@
 For one setting: a grid over its tasks and the preset's learning rates in one Tuner, ASHA's rungs
 stopping a trial on the validation metric (per task) only where another rate beats it beyond the
 noise of the val split, at most as many concurrent trials as the job's cores (or GPUs) allow, a
-crashed trial retried. The chosen rate is the lowest within that noise of the best (`choose_rate`),
-so that two runs whose trials differ in their last bits choose alike. Trials never look at the
-test split.
+crashed trial retried. The chosen rate is the preset's own (finetune.<section>.lr) unless another
+beats it beyond that noise (`choose_rate`), so that two runs whose trials differ in their last
+bits choose alike. Trials never look at the test split.
 MLflow: each task's sweep is a parent run, every trial a child run (mlflow.parentRunId) in the
 same experiment. The result is OUT/<task>/best.json; each trial's folder is
 OUT/<task>/trials/lr_<lr>/, where the chosen run's seed can continue it (`continue_trial`).
@@ -239,17 +239,22 @@ def asha_rungs(max_t: int) -> list[int]:
     return rungs
 
 
-def choose_rate(trials: list[dict], ses: float) -> dict:
-    """The trial whose rate the study takes: the lowest rate whose best val accuracy is within
-    `ses` standard errors of the difference of the best one's. Between two rates the val split
-    cannot tell apart, a choice by the larger score follows the runs' last bits (docs/study.md,
-    "Choosing a rate"); a fixed rule chooses alike. `ses` 0: the best score,
-    the lower rate on an exact tie."""
+def choose_rate(trials: list[dict], ses: float, preferred: float | None = None) -> dict:
+    """The trial whose rate the study takes: among the rates whose best val accuracy is within
+    `ses` standard errors of the difference of the best one's, the `preferred` rate (the preset's
+    own) if it is one of them, else the lowest. Between two rates the val split cannot tell apart,
+    a choice by the larger score follows the runs' last bits (docs/study.md, "Choosing a rate");
+    a fixed rule chooses alike, and the sweep moves off the preset's rate only on evidence.
+    `ses` 0: the best score, the lower rate on an exact tie."""
     finished = [t for t in trials if t["best_val_accuracy"] is not None]
     leader = max(finished, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
     tied = [
         t for t in finished if not beaten(t["best_val_accuracy"], leader["best_val_accuracy"], t.get("val_items"), ses)
     ]
+    if preferred is not None:
+        for trial in tied:
+            if math.isclose(trial["lr"], preferred, rel_tol=1e-9):
+                return trial
     return min(tied, key=lambda t: t["lr"])
 
 
@@ -268,6 +273,7 @@ def significant_halving(max_t_by_task: dict[str, int], ses: float):
         def __init__(self):
             super().__init__()
             self._rungs = {task: asha_rungs(max_t) for task, max_t in max_t_by_task.items()}
+            self._last = dict(max_t_by_task)
             self._at_rung = {}  # (task, rung) -> {trial_id: (accuracy, items)}
 
         def on_trial_result(self, controller, trial, result):
@@ -287,7 +293,9 @@ def significant_halving(max_t_by_task: dict[str, int], ses: float):
                 own, items = scores[trial.trial_id]
                 if any(beaten(own, other, items, ses) for other, _ in scores.values()):
                     return TrialScheduler.STOP
-            return TrialScheduler.CONTINUE
+            # As ASHA at max_t: the trial ends inside its last report, and the chosen rate's seed
+            # run trains its last epoch again (`continue_trial`), with its own loss curve.
+            return TrialScheduler.STOP if epoch >= self._last[task] else TrialScheduler.CONTINUE
 
         def debug_string(self) -> str:
             return f"significant halving at {ses:g} SEs, rungs {self._rungs}"
@@ -563,7 +571,7 @@ def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
     if not any(t["best_val_accuracy"] is not None for t in trials):
         raise RuntimeError(f"sweep {setting_name}/{task}: every trial failed: {[t['error'] for t in trials]}")
     ses = tie_ses(preset)
-    best = choose_rate(trials, ses)
+    best = choose_rate(trials, ses, preset_lr(preset, task))
     leader = choose_rate(trials, 0.0)
     seed = sweep_seed(preset)
     summary = {
@@ -622,6 +630,13 @@ def tie_ses(preset: dict) -> float:
     """sweep.tie_ses: how many standard errors of the difference two rates' val accuracies must
     part by for the sweep to stop or pass over the lower one."""
     return float(preset.get("sweep", {}).get("tie_ses", TIE_SES))
+
+
+def preset_lr(preset: dict, task: str) -> float | None:
+    """The rate a task's fine-tuning section gives (finetune.<section>.lr), which a sweep keeps
+    unless another beats it beyond the noise."""
+    lr = preset.get("finetune", {}).get(TASKS[task].options_key, {}).get("lr")
+    return float(lr) if lr is not None else None
 
 
 def sweep_lrs(preset: dict, task: str) -> list[float]:
