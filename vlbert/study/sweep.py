@@ -29,6 +29,7 @@ from .. import io
 from ..config import finetune_epochs, study_seeds
 from ..engine.callbacks import Callback
 from ..engine.context import RunInputs, run_inputs, training_context
+from ..evaluation.floors import accuracy_se
 from ..registry import TASKS
 from ..tracking import (
     EPOCH_METRIC,
@@ -220,8 +221,7 @@ def difference_se(accuracy: float, other: float, items: int | None) -> float:
     items are unknown (a sweep of an older version)."""
     if not items:
         return 0.0
-    p, q = accuracy / 100, other / 100
-    return 100 * math.sqrt(max(p * (1 - p) + q * (1 - q), 0.0) / items)
+    return math.hypot(accuracy_se(accuracy, items), accuracy_se(other, items))
 
 
 def beaten(accuracy: float, best: float, items: int | None, ses: float) -> bool:
