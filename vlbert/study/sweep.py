@@ -239,17 +239,66 @@ def asha_rungs(max_t: int) -> list[int]:
     return rungs
 
 
-def choose_rate(trials: list[dict], ses: float, preferred: float | None = None) -> dict:
-    """The trial whose rate the study takes: among the rates whose best val accuracy is within
-    `ses` standard errors of the difference of the best one's, the `preferred` rate (the preset's
-    own) if it is one of them, else the lowest. Between two rates the val split cannot tell apart,
-    a choice by the larger score follows the runs' last bits (docs/study.md, "Choosing a rate");
-    a fixed rule chooses alike, and the sweep moves off the preset's rate only on evidence.
-    `ses` 0: the best score, the lower rate on an exact tie."""
-    finished = [t for t in trials if t["best_val_accuracy"] is not None]
-    leader = max(finished, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
+def rung_scores(trial: dict, rungs: list[int]) -> dict[int, float]:
+    """A trial's val accuracy at each rung it reached: its first score at or past the rung, as the
+    scheduler places it (`val_epochs` gives each score's epoch; a sweep of an older version, one
+    score an epoch)."""
+    curve = trial.get("val_accuracy_by_epoch") or []
+    epochs = trial.get("val_epochs") or range(1, len(curve) + 1)
+    scores = {}
+    for rung in rungs:
+        at = next((score for epoch, score in zip(epochs, curve) if epoch >= rung), None)
+        if at is None:
+            break
+        scores[rung] = at
+    return scores
+
+
+def stopped_at_rungs(scores: dict[int, dict], rungs: list[int], ses: float) -> dict:
+    """Which trials the rungs stop, and at which rung: walking the rungs in order, a trial stops at
+    the first where another trial still running there scored above it beyond `ses` standard errors
+    of the difference (`beaten`). `scores`: {rung: {trial: (val accuracy, val items)}}, the trials
+    that reached each rung. A trial stopped at a rung no longer stops others at later ones, however
+    long it ran: one trial at a time, the first rate reaches its last epoch before the second
+    reaches a rung; side by side, it stops there. The scheduler (`significant_halving`) and the
+    choice (`rate_contenders`) both apply this rule, so neither depends on that order."""
+    stopped = {}
+    for rung in rungs:
+        running = {trial: score for trial, score in scores.get(rung, {}).items() if trial not in stopped}
+        for trial, (accuracy, items) in running.items():
+            if any(beaten(accuracy, other, items, ses) for key, (other, _) in running.items() if key != trial):
+                stopped[trial] = rung
+    return stopped
+
+
+def rate_contenders(trials: list[dict], ses: float, rungs: list[int] = ()) -> list[dict]:
+    """The trials a rate may be chosen from: those that ran without an error (all that have a score,
+    where every one erred) and that the rungs stop (`stopped_at_rungs`) nowhere, read from their
+    curves: whether or not the scheduler stopped them in time."""
+    scored = [t for t in trials if t["best_val_accuracy"] is not None and not t.get("error")]
+    scored = scored or [t for t in trials if t["best_val_accuracy"] is not None]
+    scores = {}
+    for index, trial in enumerate(scored):
+        for rung, accuracy in rung_scores(trial, list(rungs)).items():
+            scores.setdefault(rung, {})[index] = (accuracy, trial.get("val_items"))
+    stopped = stopped_at_rungs(scores, list(rungs), ses)
+    return [t for index, t in enumerate(scored) if index not in stopped] or scored
+
+
+def choose_rate(trials: list[dict], ses: float, preferred: float | None = None, rungs: list[int] = ()) -> dict:
+    """The trial whose rate the study takes. Among the contenders (`rate_contenders`: no error, not
+    stopped at one of `rungs`) whose best val accuracy is within `ses` standard errors of the
+    difference of the best one's, the `preferred`
+    rate (the preset's own) if it is one of them, else the lowest. Between two rates the val split
+    cannot tell apart, a choice by the larger score follows the runs' last bits (docs/study.md,
+    "Choosing a rate"); a fixed rule chooses alike, and the sweep moves off the preset's rate only
+    on evidence. `ses` 0 and no rungs: the best score, the lower rate on an exact tie."""
+    contenders = rate_contenders(trials, ses, rungs)
+    leader = max(contenders, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
     tied = [
-        t for t in finished if not beaten(t["best_val_accuracy"], leader["best_val_accuracy"], t.get("val_items"), ses)
+        t
+        for t in contenders
+        if not beaten(t["best_val_accuracy"], leader["best_val_accuracy"], t.get("val_items"), ses)
     ]
     if preferred is not None:
         for trial in tied:
@@ -265,8 +314,10 @@ def significant_halving(max_t_by_task: dict[str, int], ses: float):
     are often within a few tenths of a point, and the one that went on took the choice. One Tuner
     runs every (task, lr) trial of a setting; accuracies of different tasks are not on one scale,
     and each task has its own epochs. A trial is judged at every result against every rung it has
-    passed, so the order in which trials reach a rung does not matter. Built here so that
-    importing this module does not import Ray."""
+    passed (`stopped_at_rungs`), so the order in which trials reach a rung does not matter to one
+    still running; one that reached its last epoch before another reached the rung cannot be
+    stopped, and `choose_rate` leaves it out all the same. Built here so that importing this module
+    does not import Ray."""
     from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
     class SignificantHalving(FIFOScheduler):
@@ -274,7 +325,7 @@ def significant_halving(max_t_by_task: dict[str, int], ses: float):
             super().__init__()
             self._rungs = {task: asha_rungs(max_t) for task, max_t in max_t_by_task.items()}
             self._last = dict(max_t_by_task)
-            self._at_rung = {}  # (task, rung) -> {trial_id: (accuracy, items)}
+            self._scores = {task: {} for task in max_t_by_task}  # task -> rung -> {trial_id: (accuracy, items)}
 
         def on_trial_result(self, controller, trial, result):
             task = trial.config["trial"]["task"]
@@ -285,14 +336,9 @@ def significant_halving(max_t_by_task: dict[str, int], ses: float):
                 if rung > epoch:
                     break
                 # A trial validated less often than every epoch is placed at its first score past the rung.
-                self._at_rung.setdefault((task, rung), {}).setdefault(trial.trial_id, (accuracy, result.get(ITEMS)))
-            for rung in self._rungs[task]:
-                scores = self._at_rung.get((task, rung), {})
-                if trial.trial_id not in scores:
-                    break
-                own, items = scores[trial.trial_id]
-                if any(beaten(own, other, items, ses) for other, _ in scores.values()):
-                    return TrialScheduler.STOP
+                self._scores[task].setdefault(rung, {}).setdefault(trial.trial_id, (accuracy, result.get(ITEMS)))
+            if trial.trial_id in stopped_at_rungs(self._scores[task], self._rungs[task], ses):
+                return TrialScheduler.STOP
             # As ASHA at max_t: the trial ends inside its last report, and the chosen rate's seed
             # run trains its last epoch again (`continue_trial`), with its own loss curve.
             return TrialScheduler.STOP if epoch >= self._last[task] else TrialScheduler.CONTINUE
@@ -547,12 +593,14 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
         history = result.metrics_dataframe
         curve = history[METRIC].tolist() if history is not None and METRIC in history else []
         items = history[ITEMS].dropna().tolist() if history is not None and ITEMS in history else []
+        epochs = history[EPOCH_METRIC].astype(int).tolist() if history is not None and EPOCH_METRIC in history else []
         trials[result.config["trial"]["task"]].append(
             {
                 "lr": result.config["trial"]["lr"],
                 "best_val_accuracy": max(curve) if curve else None,
                 "val_items": int(items[-1]) if items else None,
                 "val_accuracy_by_epoch": curve,
+                "val_epochs": epochs if len(epochs) == len(curve) else None,
                 "error": str(result.error) if result.error else None,
             }
         )
@@ -570,9 +618,9 @@ def _absolute_inputs(inputs: RunInputs) -> dict:
 def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
     if not any(t["best_val_accuracy"] is not None for t in trials):
         raise RuntimeError(f"sweep {setting_name}/{task}: every trial failed: {[t['error'] for t in trials]}")
-    ses = tie_ses(preset)
-    best = choose_rate(trials, ses, preset_lr(preset, task))
-    leader = choose_rate(trials, 0.0)
+    ses, rungs = tie_ses(preset), asha_rungs(finetune_epochs(preset, task))
+    best = choose_rate(trials, ses, preset_lr(preset, task), rungs)
+    leader = max(rate_contenders(trials, ses, rungs), key=lambda t: (t["best_val_accuracy"], -t["lr"]))
     seed = sweep_seed(preset)
     summary = {
         "setting": setting_name,
@@ -580,10 +628,10 @@ def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
         "seed": seed,
         "lr": best["lr"],
         "val_accuracy": best["best_val_accuracy"],
-        # The rule's trace: the best score's rate, and whether the chosen one tied with it.
+        # The rule's trace: the best-scoring contender's rate, and whether the chosen one tied with it.
         "tie_ses": ses,
         "best_scoring_lr": leader["lr"],
-        "tied": best is not leader,
+        "tied": best["best_val_accuracy"] < leader["best_val_accuracy"],
         "trials": sorted(trials, key=lambda t: t["lr"]),
     }
     io.write_json(out / "best.json", summary, indent=2)
