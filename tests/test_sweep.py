@@ -319,3 +319,29 @@ def test_a_rate_stopped_at_a_rung_is_not_chosen_whether_it_ran_first_or_beside_t
         without_rungs.append(choose_rate(trials, 2.0)["lr"])
     # Read from the best scores alone, the two orders choose apart: 62 and 58 tie, 40 and 58 do not.
     assert without_rungs == [1e-4, 3e-4]
+
+
+def test_without_rung_stops_every_rate_runs_to_its_end_and_the_best_scores_choose():
+    from ray.tune.schedulers import TrialScheduler
+
+    from vlbert.study.sweep import EPOCH_METRIC, ITEMS, METRIC, significant_halving, sweep_rungs
+
+    preset = {"finetune": {"epoch_factor": 0.5, "vqa": {"epochs": 20}}, "sweep": {"stop_at_rungs": False}}
+    assert sweep_rungs(preset, "vqa") == [] and sweep_rungs({"finetune": preset["finetune"]}, "vqa") == [2, 4, 8]
+    scheduler = significant_halving({"vqa": 10}, 2.0, {"vqa": sweep_rungs(preset, "vqa")})
+
+    class Trial:
+        def __init__(self, trial_id):
+            self.trial_id, self.config = trial_id, {"trial": {"task": "vqa", "lr": 1e-4}}
+
+    leader, trailer = Trial("leader"), Trial("trailer")
+    for epoch in range(1, 10):  # 60 points behind at every epoch, and not stopped
+        assert scheduler.on_trial_result(None, leader, {METRIC: 90.0, ITEMS: 250, EPOCH_METRIC: epoch}) == (
+            TrialScheduler.CONTINUE
+        )
+        assert scheduler.on_trial_result(None, trailer, {METRIC: 30.0, ITEMS: 250, EPOCH_METRIC: epoch}) == (
+            TrialScheduler.CONTINUE
+        )
+    assert (
+        scheduler.on_trial_result(None, trailer, {METRIC: 30.0, ITEMS: 250, EPOCH_METRIC: 10}) == TrialScheduler.STOP
+    )

@@ -307,7 +307,7 @@ def choose_rate(trials: list[dict], ses: float, preferred: float | None = None, 
     return min(tied, key=lambda t: t["lr"])
 
 
-def significant_halving(max_t_by_task: dict[str, int], ses: float):
+def significant_halving(max_t_by_task: dict[str, int], ses: float, rungs_by_task: dict[str, list[int]] | None = None):
     """ASHA's rungs kept apart per task, a trial stopped at a rung only where another trial of its
     task scored above it there beyond `ses` standard errors of the difference (`beaten`). ASHA
     stops the lower half of a rung however small the gap: at a quarter of the epochs two rates
@@ -323,7 +323,7 @@ def significant_halving(max_t_by_task: dict[str, int], ses: float):
     class SignificantHalving(FIFOScheduler):
         def __init__(self):
             super().__init__()
-            self._rungs = {task: asha_rungs(max_t) for task, max_t in max_t_by_task.items()}
+            self._rungs = rungs_by_task or {task: asha_rungs(max_t) for task, max_t in max_t_by_task.items()}
             self._last = dict(max_t_by_task)
             self._scores = {task: {} for task in max_t_by_task}  # task -> rung -> {trial_id: (accuracy, items)}
 
@@ -574,7 +574,11 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
     }
     configured = int(options.get("concurrent_trials", 0)) or len(grid)
     concurrent = max(1, min(configured, len(grid), int((cores or os.cpu_count() or 1) // max(threads, 1))))
-    scheduler = significant_halving({task: finetune_epochs(preset, task) for task in tasks}, tie_ses(preset))
+    scheduler = significant_halving(
+        {task: finetune_epochs(preset, task) for task in tasks},
+        tie_ses(preset),
+        {task: sweep_rungs(preset, task) for task in tasks},
+    )
     tuner = tune.Tuner(
         tune.with_resources(_trial, {"cpu": threads, "gpu": gpus}),
         param_space=space,
@@ -618,7 +622,7 @@ def _absolute_inputs(inputs: RunInputs) -> dict:
 def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
     if not any(t["best_val_accuracy"] is not None for t in trials):
         raise RuntimeError(f"sweep {setting_name}/{task}: every trial failed: {[t['error'] for t in trials]}")
-    ses, rungs = tie_ses(preset), asha_rungs(finetune_epochs(preset, task))
+    ses, rungs = tie_ses(preset), sweep_rungs(preset, task)
     best = choose_rate(trials, ses, preset_lr(preset, task), rungs)
     leader = max(rate_contenders(trials, ses, rungs), key=lambda t: (t["best_val_accuracy"], -t["lr"]))
     seed = sweep_seed(preset)
@@ -672,6 +676,15 @@ def continue_trial(task_dir, seed: int, out) -> Path | None:
 def sweep_seed(preset: dict) -> int:
     """Trials run with the first of the preset's seeds."""
     return study_seeds(preset)[0]
+
+
+def sweep_rungs(preset: dict, task: str) -> list[int]:
+    """The epochs at which the sweep compares a task's rates (`asha_rungs`), none where
+    sweep.stop_at_rungs is false: every rate then runs to its last epoch and the choice reads the
+    best scores alone."""
+    if not preset.get("sweep", {}).get("stop_at_rungs", True):
+        return []
+    return asha_rungs(finetune_epochs(preset, task))
 
 
 def tie_ses(preset: dict) -> float:
