@@ -64,7 +64,7 @@ def _sweep(tmp_path, monkeypatch, tune):
     from vlbert.study import sweep
 
     monkeypatch.setattr(sweep, "_tune", tune)
-    preset = {"name": "t", "seed": 0, "sweep": {"lrs": [1e-3]}}
+    preset = {"name": "t", "seed": 0, "finetune": {"vqa": {"epochs": 1}}, "sweep": {"lrs": [1e-3]}}
     return sweep.run_sweeps(
         preset,
         "no_pretrain",
