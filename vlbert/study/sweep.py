@@ -288,11 +288,11 @@ def rate_contenders(trials: list[dict], ses: float, rungs: list[int] = ()) -> li
 def choose_rate(trials: list[dict], ses: float, preferred: float | None = None, rungs: list[int] = ()) -> dict:
     """The trial whose rate the study takes. Among the contenders (`rate_contenders`: no error, not
     stopped at one of `rungs`) whose best val accuracy is within `ses` standard errors of the
-    difference of the best one's, the `preferred`
-    rate (the preset's own) if it is one of them, else the lowest. Between two rates the val split
-    cannot tell apart, a choice by the larger score follows the runs' last bits (docs/study.md,
-    "Choosing a rate"); a fixed rule chooses alike, and the sweep moves off the preset's rate only
-    on evidence. `ses` 0 and no rungs: the best score, the lower rate on an exact tie."""
+    difference of the best one's, the `preferred` rate (the preset's own) if it is one of them,
+    else the lowest. Between two rates the val split cannot tell apart, a choice by the larger
+    score follows the runs' last bits (docs/study.md, "Choosing a rate"); a fixed rule chooses
+    alike, and the sweep moves off the preset's rate only on evidence. `ses` 0 and no rungs: the
+    best score, the lower rate on an exact tie."""
     contenders = rate_contenders(trials, ses, rungs)
     leader = max(contenders, key=lambda t: (t["best_val_accuracy"], -t["lr"]))
     tied = [
