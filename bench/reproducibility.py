@@ -3,7 +3,10 @@
 Reads two report folders (`reports/<preset>/` of two fresh runs: two machines, or one thread against
 two, or a committed reference report) and prints, for every Table 4 cell (and every systems-table
 cell both runs have), the two means, their difference, the standard error of that difference (from
-each cell's reported-split SE) and whether the difference is within two of them; then whether each
+each cell's reported-split SE) and whether the difference is within two of them; beside it the SE
+of the difference that the seeds' own spread gives (each cell a mean over its seeds: a second set
+of seeds of the same checkpoints moves it by about that much) and whether the difference is within
+two of the larger of the two SEs, the noise the issues judge findings against. Then whether each
 of the paper's findings, each per-task judgement behind it, and each data-fraction gap comes out
 the same. The bars: every cell within two SEs of the other run's, and the same findings.
 
@@ -23,20 +26,39 @@ NO_DATA = "no data"  # the report's verdict for a finding whose settings a run l
 
 
 def table4_cells(report: Path) -> pd.DataFrame:
-    """One row per (setting, task): mean and the SE of the reported split (table4_controls.csv)."""
+    """One row per (setting, task): mean and the SE of the reported split (table4_controls.csv), the
+    seeds' standard deviation and count (table4.csv)."""
     controls = pd.read_csv(report / "table4_controls.csv")
-    return controls[["setting", "task", "mean", "se"]].dropna(subset=["mean"]).assign(system="vlbert")
+    table = pd.read_csv(report / "table4.csv")
+    tasks = sorted(c.removesuffix("_std") for c in table.columns if c.endswith("_std"))
+    seeds = pd.DataFrame(
+        [
+            {"setting": r["setting"], "task": t, "std": r[f"{t}_std"], "n": r[f"{t}_n"]}
+            for _, r in table.iterrows()
+            for t in tasks
+        ]
+    )
+    cells = controls[["setting", "task", "mean", "se"]].dropna(subset=["mean"]).merge(seeds, on=CELL, how="left")
+    return cells.assign(system="vlbert")
 
 
 def systems_cells(report: Path) -> pd.DataFrame:
     """The systems table's cells (systems.csv), every system's rows; empty without the file."""
     path = report / "systems.csv"
     if not path.is_file():
-        return pd.DataFrame(columns=["system", "setting", "task", "mean", "se"])
+        return pd.DataFrame(columns=["system", "setting", "task", "mean", "se", "std", "n"])
     table = pd.read_csv(path)
     tasks = sorted(c.removesuffix("_se") for c in table.columns if c.endswith("_se"))
     rows = [
-        {"system": r["system"], "setting": r["setting"], "task": t, "mean": r[f"{t}_mean"], "se": r[f"{t}_se"]}
+        {
+            "system": r["system"],
+            "setting": r["setting"],
+            "task": t,
+            "mean": r[f"{t}_mean"],
+            "se": r[f"{t}_se"],
+            "std": r[f"{t}_std"],
+            "n": r[f"{t}_n"],
+        }
         for _, r in table.iterrows()
         for t in tasks
     ]
@@ -48,6 +70,10 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     both["delta"] = both["mean_b"] - both["mean_a"]
     both["se_diff"] = (both["se_a"] ** 2 + both["se_b"] ** 2) ** 0.5
     both["within"] = both["delta"].abs() <= 2 * both["se_diff"]
+    # A one-seed cell has no spread: the reported split's SE alone then.
+    seed_var = [(both[f"std_{x}"].fillna(0) ** 2 / both[f"n_{x}"]) for x in "ab"]
+    both["seed_se_diff"] = (seed_var[0] + seed_var[1]) ** 0.5
+    both["within_noise"] = both["delta"].abs() <= 2 * both[["se_diff", "seed_se_diff"]].max(axis=1)
     return both
 
 
@@ -90,13 +116,18 @@ def main() -> None:
         pd.concat([table4_cells(args.a), systems_cells(args.a).query("system != 'vlbert'")]),
         pd.concat([table4_cells(args.b), systems_cells(args.b).query("system != 'vlbert'")]),
     )
-    shown = cells[["system", *CELL, "mean_a", "mean_b", "delta", "se_diff", "within"]].round(2)
+    shown = cells[["system", *CELL, "mean_a", "mean_b", "delta", "se_diff", "within", "seed_se_diff", "within_noise"]]
+    shown = shown.round(2)
     print(shown.to_string(index=False))
     for system, part in cells.groupby("system", sort=False):
         worst = (part["delta"].abs() / part["se_diff"]).max()
         print(
             f"{system}: {int(part['within'].sum())} of {len(part)} cells within two SEs of the difference "
             f"(largest |difference| {worst:.2f} SEs)"
+        )
+        print(
+            f"{system}: {int(part['within_noise'].sum())} of {len(part)} cells within two of the larger of that SE "
+            f"and the seeds' (seed_se_diff)"
         )
 
     for name in ("findings.json", "systems_findings.json"):

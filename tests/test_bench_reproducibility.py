@@ -41,3 +41,20 @@ def test_a_cell_moved_beyond_two_ses_and_a_changed_verdict_are_counted(tmp_path)
     out = run(REFERENCE, moved)
     assert "vlbert: 23 of 24 cells within two SEs of the difference (largest |difference| 2.10 SEs)" in out
     assert "same verdict: 5 of 6 findings" in out
+
+
+def test_a_cell_within_its_seeds_spread_is_counted_within_the_larger_noise(tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(REFERENCE, moved, ignore=shutil.ignore_patterns("figures"))
+    controls = pd.read_csv(moved / "table4_controls.csv")
+    table = pd.read_csv(moved / "table4.csv")
+    for setting, spread in (("full", 10.0), ("a", 0.0)):  # moved alike; only full's seeds spread that far
+        cell = (controls["setting"] == setting) & (controls["task"] == "vqa")
+        controls.loc[cell, "mean"] += 3 * (2 * float(controls.loc[cell, "se"].iloc[0]) ** 2) ** 0.5
+        table.loc[table["setting"] == setting, "vqa_std"] = spread
+    controls.to_csv(moved / "table4_controls.csv", index=False)
+    table.to_csv(moved / "table4.csv", index=False)
+    out = run(REFERENCE, moved)
+    assert "vlbert: 22 of 24 cells within two SEs of the difference" in out
+    # full's: SE of the seeds' difference (10^2/3 + its own spread^2/3)^0.5 > 5.8, over the move
+    assert "vlbert: 23 of 24 cells within two of the larger of that SE and the seeds' (seed_se_diff)" in out
