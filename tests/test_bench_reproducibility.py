@@ -43,18 +43,21 @@ def test_a_cell_moved_beyond_two_ses_and_a_changed_verdict_are_counted(tmp_path)
     assert "same verdict: 5 of 6 findings" in out
 
 
-def test_a_cell_within_its_seeds_spread_is_counted_within_the_larger_noise(tmp_path):
+def test_a_cell_is_judged_against_the_larger_of_its_split_se_and_its_seeds(tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(REFERENCE, moved, ignore=shutil.ignore_patterns("figures"))
     controls = pd.read_csv(moved / "table4_controls.csv")
     table = pd.read_csv(moved / "table4.csv")
-    for setting, spread in (("full", 10.0), ("a", 0.0)):  # moved alike; only full's seeds spread that far
+    # full and b move three split SEs of the difference, a one and a half (beyond two SEs of a's
+    # seeds, whose spread is 0.5 in the reference); only full's seeds spread far (their SE of the
+    # difference is then over 5.7), a's and b's not at all.
+    for setting, move, spread in (("full", 3.0, 10.0), ("b", 3.0, 0.0), ("a", 1.5, 0.0)):
         cell = (controls["setting"] == setting) & (controls["task"] == "vqa")
-        controls.loc[cell, "mean"] += 3 * (2 * float(controls.loc[cell, "se"].iloc[0]) ** 2) ** 0.5
+        controls.loc[cell, "mean"] += move * (2 * float(controls.loc[cell, "se"].iloc[0]) ** 2) ** 0.5
         table.loc[table["setting"] == setting, "vqa_std"] = spread
     controls.to_csv(moved / "table4_controls.csv", index=False)
     table.to_csv(moved / "table4.csv", index=False)
     out = run(REFERENCE, moved)
     assert "vlbert: 22 of 24 cells within two SEs of the difference" in out
-    # full's: SE of the seeds' difference (10^2/3 + its own spread^2/3)^0.5 > 5.8, over the move
+    # full within its seeds' noise, a within its split's, b beyond both
     assert "vlbert: 23 of 24 cells within two of the larger of that SE and the seeds' (seed_se_diff)" in out
