@@ -216,11 +216,17 @@ def test_the_schema_names_the_registry_s_tasks_families_and_data_sets():
     task_sections = [key for key, section in finetune.items() if section.get("$ref") in task_refs]
     (lrs,) = [form for form in schema["sweep"]["properties"]["lrs"]["oneOf"] if form.get("type") == "object"]
     synthetic = schema["data"]["properties"]["synthetic"]
+    fields = load_schema()["$defs"]["finetune_fields"]["properties"]
+    family_lrs = schema["sweep"]["properties"]["family_lrs"]
     differ = [
         *_differ("finetune", task_sections, options_keys),
         *_differ("sweep.lrs", lrs["properties"], options_keys),
         *_differ("sweep.lrs", lrs["required"], options_keys),  # its per-section form takes every key
         *_differ("systems", schema["systems"]["items"]["enum"], FAMILIES),
+        *_differ("finetune.<section>.reinitialise", fields["reinitialise"]["propertyNames"]["enum"], FAMILIES),
+        *_differ("finetune.<section>.families", fields["families"]["propertyNames"]["enum"], FAMILIES),
+        *_differ("sweep.family_lrs", family_lrs["propertyNames"]["enum"], FAMILIES),
+        *_differ("sweep.family_lrs.<family>", family_lrs["additionalProperties"]["properties"], options_keys),
         *_differ("data.synthetic", set(synthetic["required"]) - {"image_size"}, DATASETS),
         *_differ("data.paths", schema["data"]["properties"]["paths"]["properties"], DATASETS),
     ]

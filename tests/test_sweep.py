@@ -131,6 +131,31 @@ def test_the_preset_s_rate_or_the_lowest_is_chosen_unless_another_leads_it_beyon
     )
 
 
+def test_a_family_tries_its_own_rates_around_its_own_rate_and_the_others_the_section_s():
+    """sweep.family_lrs and finetune.<section>.families: ViLBERT's settings sweep their own VCR
+    rates and keep their own rate in a tie; its other sections and every other family read the
+    section's."""
+    from vlbert.config import finetune_options
+    from vlbert.study.sweep import preset_lr, sweep_lrs
+
+    preset = {
+        "finetune": {
+            "vcr": {"lr": 1e-3, "epochs": 30, "families": {"vilbert": {"lr": 3e-4}}},
+            "vqa": {"lr": 3e-4, "epochs": 20},
+        },
+        "sweep": {"lrs": {"vcr": [5e-4, 1e-3], "vqa": [1e-4, 3e-4]}, "family_lrs": {"vilbert": {"vcr": [1e-4, 3e-4]}}},
+    }
+    assert sweep_lrs(preset, "vcr_qa2r", "vilbert") == [1e-4, 3e-4]
+    assert sweep_lrs(preset, "vcr_qa2r", "vlbert") == sweep_lrs(preset, "vcr_q2a") == [5e-4, 1e-3]
+    assert sweep_lrs(preset, "vqa", "vilbert") == [1e-4, 3e-4]
+    assert (preset_lr(preset, "vcr_q2a", "vilbert"), preset_lr(preset, "vcr_q2a", "pixelbert")) == (3e-4, 1e-3)
+    # A run's options (what it logs and what its identity holds) carry the rate it trains at, and no
+    # `families` entry: a VL-BERT run's options are the section's as they were before the entry.
+    assert finetune_options(preset, "vcr_q2a", "vilbert") == {"lr": 3e-4, "epochs": 30}
+    section = {"lr": 1e-3, "epochs": 30}
+    assert finetune_options(preset, "vcr_q2a", "vlbert") == finetune_options(preset, "vcr_q2a") == section
+
+
 def test_a_trial_stops_at_a_rung_only_where_another_of_its_task_beats_it_beyond_the_noise():
     from ray.tune.schedulers import TrialScheduler
 
@@ -258,6 +283,17 @@ def test_without_a_rate_each_task_takes_its_presets(smoke_study, tmp_path, capsy
     both = ["--lr", "0.001", "--lr-from", str(tmp_path / "best.json")]
     assert main([*args, *both, "--out", str(tmp_path / "both"), *study_args(smoke_study)]) == 2
     assert "give at most one of --lr and --lr-from" in capsys.readouterr().err
+
+
+def test_without_a_rate_a_family_takes_its_own_where_the_section_gives_one(smoke_study, tmp_path):
+    preset = yaml.safe_load(smoke_study["preset"].read_text())
+    preset["finetune"]["vcr"]["families"] = {"vilbert": {"lr": 0.0123}}
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset))
+    for setting, lr in (("vilbert_no_pretrain", 0.0123), ("no_pretrain", preset["finetune"]["vcr"]["lr"])):
+        out = tmp_path / setting
+        args = ["finetune", "--setting", setting, "--task", "vcr_q2a", "--seed", "0", "--out", str(out)]
+        assert main([*args, *study_args(smoke_study), "--config", str(tmp_path / "preset.yaml")]) == 0
+        assert run_metrics(out)["lr"] == lr
 
 
 def test_a_task_without_a_rate_anywhere_is_refused_naming_the_key(smoke_study, tmp_path, capsys):

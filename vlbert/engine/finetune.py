@@ -117,7 +117,7 @@ class FinetuneStage(Stage):
         if self.train_fraction < 1:
             train = [train[i] for i in training_subset(len(train), self.train_fraction)]
         self.train = train
-        self.options = options = finetune_options(preset, self.task_name)
+        self.options = options = finetune_options(preset, self.task_name, setting.family)
         start = pretrained if setting.pretrains else inputs.bert
         overrides = {**task.model_overrides(), **head_overrides(options, start)}
         if FAMILIES[setting.family].reads_pixels and "cnn_trainable_layers" in options:

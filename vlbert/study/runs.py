@@ -318,7 +318,7 @@ def finetune(args) -> int:
     if args.continue_trial and not (args.lr_from and Path(args.lr_from).is_dir()):
         raise ValueError("--continue-trial needs --lr-from with a sweep folder (its <task>/trials/ hold the runs)")
     preset = None if args.lr is not None or args.lr_from is not None else load_config(args.config)
-    lrs = {task: _chosen_lr(args, task, preset) for task in args.task}
+    lrs = {task: _chosen_lr(args, task, preset, chosen.family) for task in args.task}
     # Every (task, seed) runs one after the other in this process (the imports paid once), each
     # its own MLflow run: in OUT itself for a single one, else in OUT/<task>/seed<N>/.
     runs = [(task, seed) for task in args.task for seed in args.seed]
@@ -349,8 +349,9 @@ def finetune(args) -> int:
     return 0
 
 
-def _chosen_lr(args, task: str, preset: dict | None) -> float:
-    """--lr, else the rate a sweep chose (--lr-from), else the preset's `finetune.<task>.lr`."""
+def _chosen_lr(args, task: str, preset: dict | None, family: str) -> float:
+    """--lr, else the rate a sweep chose (--lr-from), else the preset's `finetune.<task>.lr` (the
+    family's own where its `families` entry gives one)."""
     from ..config import finetune_options
     from ..registry import task as task_spec
 
@@ -358,7 +359,7 @@ def _chosen_lr(args, task: str, preset: dict | None) -> float:
         return args.lr
     if args.lr_from is not None:
         return _swept_lr(args.lr_from, task, len(args.task))
-    options = finetune_options(preset, task)
+    options = finetune_options(preset, task, family)
     if "lr" not in options:
         key = f"finetune.{task_spec(task).options_key}.lr"
         raise ValueError(f"{args.config}: {key} is not set; give --lr or --lr-from for {task}")

@@ -31,6 +31,7 @@ from ..engine.callbacks import Callback
 from ..engine.context import RunInputs, run_inputs, training_context
 from ..evaluation.floors import accuracy_se
 from ..registry import TASKS
+from ..registry import setting as setting_entry
 from ..tracking import (
     EPOCH_METRIC,
     LR_TAG,
@@ -559,7 +560,8 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
     seed = sweep_seed(preset)
     threads = int(options.get("cpus_per_trial", 1))
     gpus = float(options.get("gpus_per_trial", 0 if device == "cpu" else 1))
-    grid = [{"task": task, "lr": lr} for task in tasks for lr in sweep_lrs(preset, task)]
+    family = setting_entry(setting_name).family
+    grid = [{"task": task, "lr": lr} for task in tasks for lr in sweep_lrs(preset, task, family)]
     space = {
         "trial": tune.grid_search(grid),
         "seed": seed,
@@ -623,7 +625,7 @@ def _summarise(setting_name, task, trials, preset, out, parent) -> dict:
     if not any(t["best_val_accuracy"] is not None for t in trials):
         raise RuntimeError(f"sweep {setting_name}/{task}: every trial failed: {[t['error'] for t in trials]}")
     ses, rungs = tie_ses(preset), sweep_rungs(preset, task)
-    best = choose_rate(trials, ses, preset_lr(preset, task), rungs)
+    best = choose_rate(trials, ses, preset_lr(preset, task, setting_entry(setting_name).family), rungs)
     leader = max(rate_contenders(trials, ses, rungs), key=lambda t: (t["best_val_accuracy"], -t["lr"]))
     seed = sweep_seed(preset)
     summary = {
@@ -693,18 +695,24 @@ def tie_ses(preset: dict) -> float:
     return float(preset.get("sweep", {}).get("tie_ses", TIE_SES))
 
 
-def preset_lr(preset: dict, task: str) -> float | None:
-    """The rate a task's fine-tuning section gives (finetune.<section>.lr), which a sweep keeps
-    unless another beats it beyond the noise."""
-    lr = preset.get("finetune", {}).get(TASKS[task].options_key, {}).get("lr")
+def preset_lr(preset: dict, task: str, family: str | None = None) -> float | None:
+    """The rate a task's fine-tuning section gives (finetune.<section>.lr, the family's own where
+    its `families` entry gives one), which a sweep keeps unless another beats it beyond the noise."""
+    section = preset.get("finetune", {}).get(TASKS[task].options_key, {})
+    lr = section.get("families", {}).get(family, {}).get("lr", section.get("lr"))
     return float(lr) if lr is not None else None
 
 
-def sweep_lrs(preset: dict, task: str) -> list[float]:
+def sweep_lrs(preset: dict, task: str, family: str | None = None) -> list[float]:
     """The learning rates to try on a task: sweep.lrs, or its entry for the task's optimiser
-    section (vcr, vqa, refcoco) when the rates differ by task (VCR trains with SGD)."""
+    section (vcr, vqa, refcoco) when the rates differ by task; a model family's own list for the
+    section where sweep.family_lrs gives one (each system tries as many rates, around its own)."""
+    key = TASKS[task].options_key
+    own = preset["sweep"].get("family_lrs", {}).get(family, {})
+    if key in own:
+        return own[key]
     lrs = preset["sweep"]["lrs"]
-    return lrs[TASKS[task].options_key] if isinstance(lrs, dict) else lrs
+    return lrs[key] if isinstance(lrs, dict) else lrs
 
 
 def read_best_lr(path) -> float:
