@@ -176,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(TASKS),
         help="one or more tasks; several tasks or seeds: each run in OUT/<task>/seed<N>/",
     )
-    p.add_argument("--lr", type=float, help="learning rate (default: the preset's finetune.<task>.lr)")
+    p.add_argument(
+        "--lr", type=float, help="learning rate (default: the preset's finetune.<task>.lr, or the family's own there)"
+    )
     p.add_argument(
         "--lr-from",
         help="take the learning rate from a sweep: its best.json, or its folder (<task>/best.json for each task)",

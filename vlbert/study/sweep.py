@@ -3,7 +3,8 @@
 For one setting: a grid over its tasks and the preset's learning rates in one Tuner, ASHA's rungs
 stopping a trial on the validation metric (per task) only where another rate beats it beyond the
 noise of the val split, at most as many concurrent trials as the job's cores (or GPUs) allow, a
-crashed trial retried. The chosen rate is the preset's own (finetune.<section>.lr) unless another
+crashed trial retried. The chosen rate is the preset's own (finetune.<section>.lr, or the setting's
+family's: finetune.<section>.families) unless another
 beats it beyond that noise (`choose_rate`), so that two runs whose trials differ in their last
 bits choose alike. Trials never look at the test split.
 MLflow: each task's sweep is a parent run, every trial a child run (mlflow.parentRunId) in the

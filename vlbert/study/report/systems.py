@@ -115,7 +115,8 @@ def write_systems(
     notes = [
         "",
         "Ours: mean ± standard deviation over seeds, accuracy in percent; the same data, BERT "
-        "initialisation, detector, sweeps, seeds and half fine-tuning schedule for every system. "
+        "initialisation, detector, seeds and half fine-tuning schedule for every system, and as many "
+        "swept rates a task (a system's own where the preset gives one, finetune.<section>.families). "
         "Paper: VL-BERT ICLR 2020 Table 4 and ViLBERT Table 1 (its single-stream baseline is its "
         f"own, not VL-BERT), {RECALLED.strip()} recalled, not checked against the paper; "
         "Pixel-BERT: VQA test-dev with ResNet-50 (it reports no VCR or RefCOCO+ figure, and its "
