@@ -190,6 +190,24 @@ def test_a_trial_stops_at_a_rung_only_where_another_of_its_task_beats_it_beyond_
     assert report(Trial("vqa_leader", "vqa"), 2, 90.0) == go and report(other, 2, 49.0) == go
 
 
+def test_a_trial_refuses_to_run_other_code_than_its_sweep_s(tmp_path, monkeypatch):
+    """A Ray worker imports `vlbert` from the job's working directory first: a trial whose package
+    differs from its sweep's stops, naming where it imported it from, before it trains."""
+    from vlbert.study import sweep
+
+    sweep.check_trial_code({"code": sweep.code_digest()})  # the sweep's own package: runs
+    with pytest.raises(RuntimeError, match=r"this trial imported vlbert from .*differ from the package its sweep"):
+        sweep._trial({"code": "0" * 64})
+    # The digest follows the package's sources, not only its file names.
+    package = tmp_path / "vlbert"
+    (package / "study").mkdir(parents=True)
+    (package / "config.py").write_text("A = 1\n")
+    monkeypatch.setattr(sweep, "__file__", str(package / "study" / "sweep.py"))
+    before = sweep.code_digest()
+    (package / "config.py").write_text("A = 2\n")
+    assert sweep.code_digest() != before
+
+
 def test_a_trial_runs_with_the_inputs_its_sweep_s_command_resolved(tmp_path, monkeypatch):
     # `vlbert sweep` resolves the inputs (run_inputs: arguments, else preset, else layout); a trial
     # runs in Ray's folder for it and rebuilds them with run_inputs from the absolute paths shipped.

@@ -17,6 +17,7 @@ Ray's teardown (`run_in_driver_process`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -168,8 +169,30 @@ class TuneReport(Callback):
             )
 
 
+def code_digest() -> str:
+    """A digest of the `vlbert` package this process imported (its Python and YAML sources)."""
+    package, digest = Path(__file__).resolve().parents[1], hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".yaml") and path.is_file():
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def check_trial_code(config: dict) -> None:
+    """A trial runs the sweep's own code. A local Ray worker puts the job's working directory first
+    on its import path, so a `vlbert/` folder there (a checkout of another commit) would shadow the
+    sweep's package: the trials would train with other code than the sweep that chose among them."""
+    if config["code"] != code_digest():
+        raise RuntimeError(
+            f"this trial imported vlbert from {Path(__file__).resolve().parents[1]}, whose sources differ "
+            "from the package its sweep ran; a Ray worker takes the job's working directory first on its "
+            "path: run the sweep where that folder's vlbert is the one it runs (or one without a vlbert/)"
+        )
+
+
 def _trial(config: dict) -> None:
     """One learning rate: a fine-tuning run without a look at test. Runs in a Ray worker."""
+    check_trial_code(config)
     import torch
 
     from ..engine.finetune import finetune
@@ -565,6 +588,7 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
     grid = [{"task": task, "lr": lr} for task in tasks for lr in sweep_lrs(preset, task, family)]
     space = {
         "trial": tune.grid_search(grid),
+        "code": code_digest(),
         "seed": seed,
         "threads": threads,
         "preset": preset,
