@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import io
-from ..config import finetune_epochs, study_seeds
+from ..config import finetune_epochs, finetune_options, study_seeds
 from ..engine.callbacks import Callback
 from ..engine.context import RunInputs, run_inputs, training_context
 from ..evaluation.floors import accuracy_se
@@ -723,8 +723,9 @@ def tie_ses(preset: dict) -> float:
 def preset_lr(preset: dict, task: str, family: str | None = None) -> float | None:
     """The rate a task's fine-tuning section gives (finetune.<section>.lr, the family's own where
     its `families` entry gives one), which a sweep keeps unless another beats it beyond the noise."""
-    section = preset.get("finetune", {}).get(TASKS[task].options_key, {})
-    lr = section.get("families", {}).get(family, {}).get("lr", section.get("lr"))
+    if TASKS[task].options_key not in preset.get("finetune", {}):
+        return None
+    lr = finetune_options(preset, task, family).get("lr")
     return float(lr) if lr is not None else None
 
 
