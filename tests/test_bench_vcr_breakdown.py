@@ -1,6 +1,7 @@
 """bench/vcr_breakdown.py on a hand-made results folder: each group's accuracy is its own questions'."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,33 @@ def test_a_setting_right_on_one_object_images_only_scores_100_there_and_0_elsewh
     assert score("2 objects (1 questions, 25%)") == "0.0"
     assert score("3+ objects (1 questions, 25%)") == "0.0"
     assert score("kind feel (3 questions, 75%)") == "33.3"
+
+
+def test_on_the_synthetic_world_each_group_has_its_no_link_ceiling(smoke_world, tmp_path):
+    # Drawn again from the data's spec: one-object images leave no doubt (100), and a setting
+    # that is always right scores 100 beside a ceiling under it where several objects are in view.
+    questions = [json.loads(line) for line in (smoke_world / "vcr" / "test.jsonl").read_text().splitlines()]
+    run = tmp_path / "finetune" / "full" / "vcr_q2a" / "seed0"
+    run.mkdir(parents=True)
+    predictions = [
+        {"annot_id": q["annot_id"], "answer_probs": [float(k == q["answer_label"]) for k in range(4)]}
+        for q in questions
+    ]
+    (run / "predictions_test.json").write_text(json.dumps(predictions))
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--results", str(tmp_path), "--data", str(smoke_world), "--settings", "full"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+
+    def scores(group: str) -> dict[str, float]:
+        at = next(i for i, line in enumerate(lines) if line.startswith(group))
+        rows = [re.match(r"^\s+(.+?)\s+(\d+\.\d)", line) for line in lines[at + 1 : at + 3]]
+        return {row[1]: float(row[2]) for row in rows}
+
+    everything = scores("all")
+    assert everything["full"] == 100.0 and 25.0 < everything["no-link ceiling"] < 100.0
+    assert scores("1 object")["no-link ceiling"] == 100.0

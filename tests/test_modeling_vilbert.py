@@ -280,3 +280,39 @@ def test_reinitialise_draws_the_named_modules_new_and_leaves_the_rest(smoke_dete
     assert head.vilbert.text_pooler.dense.weight.std() < 0.1  # BERT's init (0.02), not the loaded values
     with pytest.raises(ValueError, match="no module 'pooler'"):
         head.reinitialise(["pooler"])
+
+
+@pytest.mark.parametrize("switch", [False, True])
+def test_a_tag_word_attends_to_its_own_region_with_the_released_bias_only_when_switched_on(
+    smoke_detector,
+    regions,  # noqa: F811
+    processor,
+    switch,
+):
+    # With the co-attention's text queries zeroed every raw score is 0, so the weights are the
+    # softmax of the mask alone: the tag word ("circle", region row 1) puts e^5 / (e^5 + n - 1) on
+    # its region with the switch on, and every other word 1 / n on each of the n regions.
+    images, results = regions
+    batch = head_batches(processor, images, results)[ViLBertForVCR]
+    model = build(ViLBertForVCR, smoke_detector, tag_coattention_mask=switch)
+    attention = model.vilbert.coattention_layers[0].text_attends_regions.self
+    attention.config._attn_implementation = "eager"  # SDPA returns no weights
+    with torch.no_grad():
+        attention.query.weight.zero_()
+        attention.query.bias.zero_()
+    captured = []
+    attention.register_forward_hook(lambda module, args, output: captured.append(output[1]))
+    with torch.no_grad():
+        model(**batch)
+    weights = captured[0][0, 0]  # first candidate, first head: [words, regions]
+    regions_in_view = int(batch["visual"].roi_mask[0].sum())
+    tag = int((batch["visual_index"][0] == 1).nonzero()[0])
+    other = int((batch["input_ids"][0] == processor.tokenizer.convert_tokens_to_ids("feel")).nonzero()[0])
+    uniform = torch.full((regions_in_view,), 1 / regions_in_view)
+    torch.testing.assert_close(weights[other, :regions_in_view], uniform)
+    if switch:
+        expected = torch.full((regions_in_view,), 1.0)
+        expected[1] = torch.exp(torch.tensor(5.0))
+        torch.testing.assert_close(weights[tag, :regions_in_view], expected / expected.sum())
+    else:
+        torch.testing.assert_close(weights[tag, :regions_in_view], uniform)

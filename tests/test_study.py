@@ -1,6 +1,7 @@
 """The one-command study on the smoke preset: the DAG end to end, the report, MLflow over REST."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -150,6 +151,29 @@ def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path
         "all": 1,
         "total": n + n + f + 2,
     }, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_model_family_s_own_entries_rerun_its_settings_alone(smoke_run, tmp_path):
+    # ViLBERT's own VCR rate, its poolers drawn new in RefCOCO+ too, its stream one layer deeper:
+    # its two settings' jobs (pre-training where the model changed), and no VL-BERT or Pixel-BERT job.
+    preset = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
+    preset["finetune"]["vcr"]["families"] = {"vilbert": {"lr": 1.0e-2}}
+    preset["finetune"]["refcoco"]["reinitialise"] = {"vilbert": ["text_pooler"]}
+    preset["model"]["vilbert"]["num_visual_layers"] = 2
+    changed = tmp_path / "smoke.yaml"
+    changed.write_text(yaml.safe_dump(preset))
+    result = subprocess.run(
+        SNAKEMAKE + ["-n", "--configfile", str(changed), "--directory", str(smoke_run["dir"])],
+        capture_output=True,
+        text=True,
+        env=smoke_run["env"],
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    blocks = re.split(r"^(?:local)?rule ", result.stdout, flags=re.M)[1:]
+    settings = {re.search(r"wildcards: setting=(\w+)", b)[1] for b in blocks if "wildcards: setting=" in b}
+    assert settings == {"vilbert", "vilbert_no_pretrain"}, result.stdout[-3000:]
+    assert {re.match(r"\w+", b)[0] for b in blocks} == {"pretrain", "sweep", "finetune_seeds", "report", "all"}
 
 
 @pytest.mark.slow

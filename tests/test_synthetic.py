@@ -159,6 +159,29 @@ def test_vcr_wrong_choices_are_other_questions_right_ones_retargeted():
         assert shown < 40 or abs(right / shown - 0.25) < 0.1, (key, right, shown)
 
 
+def test_a_reader_that_cannot_tell_which_object_a_tag_names_is_sure_only_where_the_objects_agree():
+    """The no-link ceiling: one object in view, or objects alike in what the question asks, leave
+    no doubt; two objects of different temperatures leave two answers (and two rationales) equal."""
+    from vlbert.data.synthetic import vcr
+
+    warm, cool = ("small", "orange", "circle"), ("large", "green", "star")  # two colours feel each
+    values = ["hot", "warm", "cool", "cold"]
+    told = [(look,) for look in (warm, cool, ("small", "red", "circle"), ("small", "white", "square"))]
+    assert vcr.no_link_accuracies("feel", [warm], 1, values, 1, told, 0) == (1.0, 1.0)
+    assert vcr.no_link_accuracies("feel", [warm, ("large", "yellow", "cross")], 1, values, 1, told, 0)[0] == 1.0
+    assert vcr.no_link_accuracies("feel", [warm, cool], 1, values, 1, told, 0) == (0.5, 0.5)
+    assert vcr.no_link_accuracies("feel", [warm, cool], 1, values, 2, told, 1) == (0.5, 0.5)
+    assert vcr.no_link_accuracies("feel", [warm, cool], 1, values, 0, told, 2) == (0.0, 0.0)
+    # a red thing is likelier under "hot" (red alone) than a blue one under "cold" (blue or white)
+    hot, cold = ("small", "red", "circle"), ("large", "blue", "star")
+    assert vcr.no_link_accuracies("feel", [hot, cold], 1, values, 0, told, 0)[0] == 1.0
+    # both tagged, the same temperature: the order does not matter
+    pairs = [("cold", "cold"), ("cold", "hot"), ("hot", "cold"), ("hot", "hot")]
+    two_cold = [cold, ("small", "white", "diamond")]
+    assert vcr.no_link_accuracies("same_feel", two_cold, 2, pairs, 0, [(cold, cold)], 0)[0] == 1.0
+    assert vcr.no_link_accuracies("same_feel", [cold, hot], 2, pairs, 1, [(cold, hot)], 0)[0] == 0.5
+
+
 def test_language_has_words_only_the_image_resolves(smoke_world):
     from vlbert.data.conceptual_captions import read_captions
     from vlbert.data.text_corpus import read_corpus

@@ -207,9 +207,10 @@ def pretrain_curriculum(config: dict, setting_name: str) -> dict | None:
 
 def finetune_options(config: dict, task_name: str, family: str | None = None) -> dict:
     """The task's section of `finetune` (optimiser, schedule, epochs, batch size); for a model
-    `family`, with its `families.<family>` entry's rate in place of the section's (the schema admits
-    only `lr` there: the epochs, which `finetune_epochs` reads without a family, are every
-    system's). The `families` entry itself is not among the options."""
+    `family`, with its `families.<family>` entry's rate (and ViLBERT's `tag_coattention_mask`) in
+    place of the section's (the schema admits nothing else there: the epochs, which
+    `finetune_epochs` reads without a family, are every system's). The `families` entry itself is
+    not among the options."""
     section = config["finetune"][task(task_name).options_key]
     own = section.get("families", {}).get(family, {}) if family is not None else {}
     return {**{key: value for key, value in section.items() if key != "families"}, **own}

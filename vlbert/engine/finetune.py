@@ -43,12 +43,13 @@ from .tuned_features import check_store_features
 # Training items the head's input statistics are taken on (standardise_head_input).
 HEAD_STATISTICS_ROWS = 2048
 # The task model's config switches a preset's fine-tuning section turns on (off where it is silent).
-HEAD_SWITCHES = ("standardise_head_input", "centre_candidates", "tags_at_region_scale")
+HEAD_SWITCHES = ("standardise_head_input", "centre_candidates", "tags_at_region_scale", "tag_coattention_mask")
 
 
 def head_overrides(options: dict, start) -> dict:
     """The task model's config fields a preset's fine-tuning section sets: the head's standardised
-    input, VCR's centred candidates and its tags at their regions' scale, and the body's dropout
+    input, VCR's centred candidates, its tags at their regions' scale (VL-BERT) or pointing at their
+    regions in co-attention (ViLBERT), and the body's dropout
     (`dropout`; the new head keeps the start's, as transformers' classifier_dropout does).
     `start`: the checkpoint fine-tuning starts from."""
     # Each switch set either way: a start whose config has one on (a fine-tuned checkpoint) keeps it

@@ -51,6 +51,10 @@ from .heads import (
 from .inputs import VisualInputs
 from .pretrained import StudyPreTrainedModel
 
+# Added to a tag word's co-attention score on its own region (tag_coattention_mask): the released
+# code's `extended_co_attention_mask = co_attention_mask * 5.0`.
+TAG_COATTENTION_BIAS = 5.0
+
 
 class ViLBertRegionEmbeddings(nn.Module):
     """Per region: LayerNorm(Linear(appearance - appearance_mean) + Linear(5-d box)), the box as
@@ -194,8 +198,9 @@ class ViLBertModel(ViLBertPreTrainedModel):
         visual: VisualInputs | None = None,
         text_only: torch.Tensor | None = None,
     ) -> ViLBertOutput:
-        """The VL-BERT batch layout in; `visual_index` is not needed (regions are a stream of
-        their own) and text-only input has no place in ViLBERT's objectives."""
+        """The VL-BERT batch layout in; `visual_index` is read only with `tag_coattention_mask` (a
+        tag word's region row; regions are otherwise a stream of their own) and text-only input
+        has no place in ViLBERT's objectives."""
         if visual is None or (text_only is not None and bool(text_only.any())):
             raise ValueError("ViLBERT needs an image for every example (no text-only input)")
         is_text = (input_ids != self.config.img_token_id) & (input_ids != self.config.end_token_id)
@@ -207,9 +212,12 @@ class ViLBertModel(ViLBertPreTrainedModel):
         # and keys of the other stream.
         text_self = create_bidirectional_mask(config=self.config, inputs_embeds=text, attention_mask=text_mask)
         region_self = create_bidirectional_mask(config=self.config, inputs_embeds=regions, attention_mask=region_mask)
-        text_to_regions = create_bidirectional_mask(
-            config=self.config, inputs_embeds=text, attention_mask=region_mask, encoder_hidden_states=regions
-        )
+        if self.config.tag_coattention_mask and visual_index is not None:
+            text_to_regions = tag_coattention_mask(visual_index, text_mask, region_mask, text.dtype)
+        else:
+            text_to_regions = create_bidirectional_mask(
+                config=self.config, inputs_embeds=text, attention_mask=region_mask, encoder_hidden_states=regions
+            )
         regions_to_text = create_bidirectional_mask(
             config=self.config, inputs_embeds=regions, attention_mask=text_mask, encoder_hidden_states=text
         )
@@ -235,6 +243,19 @@ class ViLBertModel(ViLBertPreTrainedModel):
         return ViLBertOutput(
             text=text, regions=regions, pooled_text=self.text_pooler(text), pooled_regions=self.visual_pooler(regions)
         )
+
+
+def tag_coattention_mask(
+    visual_index: torch.Tensor, text_mask: torch.Tensor, region_mask: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The text queries' additive mask over the regions' keys [B, 1, L, R]: padded regions out,
+    and TAG_COATTENTION_BIAS where a word names a region (its `visual_index` row, past row 0, the
+    whole image every other word takes)."""
+    rows = torch.arange(region_mask.shape[1], device=visual_index.device)
+    names = (visual_index.unsqueeze(-1) == rows) & (rows > 0) & text_mask.unsqueeze(-1)  # [B, L, R]
+    mask = torch.zeros(names.shape, dtype=dtype, device=visual_index.device)
+    mask = mask.masked_fill(~region_mask.bool().unsqueeze(1), torch.finfo(dtype).min)
+    return (mask + TAG_COATTENTION_BIAS * names.to(dtype)).unsqueeze(1)
 
 
 def masked_region_kl(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:

@@ -161,10 +161,23 @@ def finetune_outputs():
 
 
 
-def depends_on(*keys, leave_out=("finetune.data_fractions",)):
+# The model families' names: where one keys a preset entry (a fine-tuning section's `families`
+# and `reinitialise`, the sweep's `family_lrs`, `model.vilbert`), the entry is that family's alone.
+FAMILY_NAMES = frozenset(setting.family for setting in SETTINGS.values())
+
+
+def family_view(value, family):
+    """`value` without the entries that other model families' names key."""
+    if not isinstance(value, dict):
+        return value
+    return {key: family_view(entry, family) for key, entry in value.items() if key == family or key not in FAMILY_NAMES}
+
+
+def depends_on(*keys, leave_out=("finetune.data_fractions",), family=None):
     """The preset values a rule's output depends on, as a string Snakemake records: changing one
     of them in the preset re-runs that rule (and what follows), and nothing else; `leave_out`
-    names the keys inside those that no output depends on (which extra runs the study makes)."""
+    names the keys inside those that no output depends on (which extra runs the study makes), and
+    `family` a setting's model family: other families' entries are not its jobs' inputs."""
     import json
 
     picked = {}
@@ -175,5 +188,10 @@ def depends_on(*keys, leave_out=("finetune.data_fractions",)):
         for left in leave_out:
             if left.startswith(key + ".") and isinstance(value, dict):
                 value = {k: v for k, v in value.items() if k != left.removeprefix(key + ".")}
-        picked[key] = value
+        picked[key] = value if family is None else family_view(value, family)
     return json.dumps(picked, sort_keys=True)
+
+
+def setting_depends_on(*keys):
+    """depends_on for the jobs of a `setting` wildcard, in its family's view of the keys."""
+    return lambda wildcards: depends_on(*keys, family=SETTINGS[wildcards.setting].family)

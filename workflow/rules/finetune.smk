@@ -25,7 +25,7 @@ rule sweep:
         features=task_features_dir,
         out=lambda wc: str(LAYOUT.sweep(wc.setting)),
         device=DEVICE,
-        depends=depends_on("finetune", "sweep", "training"),
+        depends=setting_depends_on("finetune", "sweep", "training"),
     priority: chain_priority("sweep")
     threads: SWEEP_THREADS
     resources:
@@ -60,7 +60,7 @@ rule finetune_seeds:
         sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
         out=lambda wc: str(LAYOUT.finetune(wc.setting)),
         device=DEVICE,
-        depends=depends_on("finetune", "training", "sweep.seeds"),
+        depends=setting_depends_on("finetune", "training", "sweep.seeds"),
     priority: chain_priority("seeds")
     threads: 1
     resources:
@@ -99,7 +99,7 @@ rule finetune_fractions:
         sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
         out=lambda wc: str(LAYOUT.finetune_fraction(wc.setting, wc.fraction)),
         device=DEVICE,
-        depends=depends_on("finetune", "training", "sweep.seeds"),
+        depends=setting_depends_on("finetune", "training", "sweep.seeds"),
     priority: chain_priority("seeds")
     threads: 1
     resources:

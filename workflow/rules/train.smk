@@ -49,7 +49,7 @@ rule pretrain:
         data=data_root,
         out=lambda wc: str(LAYOUT.pretrain(wc.setting)),
         device=DEVICE,
-        depends=depends_on("seed", "model", "pretrain", "training"),
+        depends=setting_depends_on("seed", "model", "pretrain", "training"),
     # Pre-training heads the longest chains: without priorities a mini run started setting d's
     # pre-training 29 minutes in, and its chain then ran alone at the end with a core idle.
     priority: chain_priority("pretrain")

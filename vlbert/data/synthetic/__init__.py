@@ -215,21 +215,38 @@ def write_vqa(spec: dict, root: Path) -> None:
     io.write_text(root / "answers_vqa.txt", "\n".join([UNKNOWN_ANSWER] + vocabulary) + "\n")
 
 
+def vcr_split(spec: dict, split: str, count: int, on_image=None):
+    """One VCR split as `write_vcr` draws it: its items (synthetic/vcr.py), scenes, tags and matched
+    choices. `on_image(index, scene, image, confidences)` receives each rendered image and its
+    boxes' detection scores; the images are drawn either way, so that the choices, matched after
+    them from the same generator, are the files'."""
+    rng = np.random.default_rng(stable_seed(spec["seed"], "vcr", split))
+    items = vcr.draw_items(rng, count)
+    scenes, tags = [], []
+    for index, item in enumerate(
+        tqdm(items, desc=f"vcr {split}", unit="img", leave=False, disable=not spec.get("progress", True))
+    ):
+        scene, item_tags = vcr.scene_for(item, rng, spec["image_size"], scene_size(rng))
+        image = render(scene, rng)
+        confidences = [round(float(rng.uniform(0.9, 1.0)), 4) for _ in scene.objects]
+        if on_image is not None:
+            on_image(index, scene, image, confidences)
+        scenes.append(scene)
+        tags.append(item_tags)
+    return items, scenes, tags, vcr.adversarial_choices(items, tags, rng)
+
+
 def write_vcr(spec: dict, root: Path) -> None:
     """Adversarially matched questions (synthetic/vcr.py); every object written as a person."""
     for split, count in spec["vcr"].items():
-        rng = np.random.default_rng(stable_seed(spec["seed"], "vcr", split))
-        items = vcr.draw_items(rng, count)
-        records, tags = [], []
-        for index, item in enumerate(
-            tqdm(items, desc=f"vcr {split}", unit="img", leave=False, disable=not spec.get("progress", True))
-        ):
-            scene, item_tags = vcr.scene_for(item, rng, spec["image_size"], scene_size(rng))
+        records = []
+
+        def write_image(index: int, scene: Scene, image, confidences: list[float]) -> None:
             movie = f"synthetic_movie_{index // 50:04d}"
             stem = f"{movie}/{split}_{index:06d}"
             (root / "vcr1images" / movie).mkdir(parents=True, exist_ok=True)
-            save_image(render(scene, rng), root / "vcr1images" / f"{stem}.jpg")
-            boxes = [[round(v, 2) for v in o.box] + [round(float(rng.uniform(0.9, 1.0)), 4)] for o in scene.objects]
+            save_image(image, root / "vcr1images" / f"{stem}.jpg")
+            boxes = [[round(v, 2) for v in o.box] + [score] for o, score in zip(scene.objects, confidences)]
             names = [vcr.OBJECT_NAME] * len(scene.objects)
             io.write_json(
                 root / "vcr1images" / f"{stem}.json",
@@ -251,12 +268,14 @@ def write_vcr(spec: dict, root: Path) -> None:
                     "objects": names,
                     "question_number": 0,
                     "interesting_scores": [],
-                    "question_type": item.kind,
                 }
             )
-            tags.append(item_tags)
-        choices = vcr.adversarial_choices(items, tags, rng)
-        lines = [json.dumps({**r, **c}, sort_keys=True) + "\n" for r, c in zip(records, choices)]
+
+        items, _, _, choices = vcr_split(spec, split, count, write_image)
+        lines = [
+            json.dumps({**r, "question_type": item.kind, **c}, sort_keys=True) + "\n"
+            for r, item, c in zip(records, items, choices)
+        ]
         io.write_text(root / f"{split}.jsonl", "".join(lines))
 
 

@@ -16,6 +16,8 @@ differ only in what they say the image shows. A model that reads no image is at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import permutations
+from math import prod
 
 import numpy as np
 
@@ -235,3 +237,71 @@ def adversarial_choices(items: list[Item], tags: list[tuple[int, ...]], rng: np.
             }
         )
     return out
+
+
+def _allowed(kind: str, value, tag: int) -> tuple[list, list, list]:
+    """The (sizes, colours, shapes) that `consistent_looks` draws the look of tagged object `tag`
+    from, uniformly, for `value`."""
+    sizes, colours, shapes = list(SIZES), list(COLOURS), list(SHAPES)
+    feeling = lambda t: [c for c in colours if TEMPERATURE[c] == t]
+    if kind == "feel":
+        return sizes, feeling(value), shapes
+    if kind == "corners":
+        return sizes, colours, [s for s in shapes if CORNERS[s] == value]
+    if kind == "carry":
+        return [s for s in sizes if WEIGHT[s] == value[0]], feeling(value[1]), shapes
+    if kind == "compare":
+        return [_COMPARE_SIZES[value][tag]], colours, shapes
+    if kind == "same_feel":
+        return sizes, feeling(value[tag]), shapes
+    raise ValueError(f"unknown VCR question kind {kind!r}")
+
+
+def _look_likelihood(kind: str, value, tag: int, look: Look) -> float:
+    likelihood = 1.0
+    for attribute, allowed in zip(look, _allowed(kind, value, tag)):
+        likelihood *= (attribute in allowed) / len(allowed)
+    return likelihood
+
+
+def _expected_accuracy(weights: list[float], label: int) -> float:
+    """A reader that picks a choice of the highest weight, at random among ties."""
+    best = max(weights)
+    if best <= 0:
+        return 1 / len(weights)
+    winners = [k for k, w in enumerate(weights) if w == best]
+    return (label in winners) / len(winners)
+
+
+def no_link_accuracies(
+    kind: str,
+    looks: list[Look],
+    n_tags: int,
+    answer_values: list,
+    answer_label: int,
+    rationale_looks_: list[tuple[Look, ...]],
+    rationale_label: int,
+) -> tuple[float, float]:
+    """The best expected Q->A and QA->R accuracy on one question of a reader that sees the look of
+    every object in view exactly, and knows the lore, but not which objects the tags name: the
+    scene's objects are shuffled (`scene_for`), so every assignment of the tags to distinct objects
+    is a priori equal, and a choice's weight is its likelihood summed over them (an untagged
+    object's look is uniform whatever the answer, so it cancels)."""
+    assignments = list(permutations(range(len(looks)), n_tags))
+    answers = [
+        sum(prod(_look_likelihood(kind, value, t, looks[a[t]]) for t in range(n_tags)) for a in assignments)
+        for value in answer_values
+    ]
+    rationales = [
+        sum(all(looks[a[t]] == tuple(said[t]) for t in range(n_tags)) for a in assignments)
+        for said in rationale_looks_
+    ]
+    return _expected_accuracy(answers, answer_label), _expected_accuracy(rationales, rationale_label)
+
+
+def answer_value(kind: str, tokens: list, tags: tuple[int, ...]):
+    """The answer value an answer choice (answer_tokens) states."""
+    for value in KIND_VALUES[kind][1]:
+        if answer_tokens(kind, value, tags) == tokens:
+            return value
+    raise ValueError(f"not a {kind} answer about objects {tags}: {tokens}")
