@@ -1,10 +1,10 @@
 """Diagnosis: where a VCR cell's accuracy comes from, by how many objects the image has and by the
 kind of question.
 
-A model that cannot tell which of several objects a tag names (ViLBERT's text names a tagged object
-without pointing at its region, as its released code, whose co-attention mask for tags is switched
-off) answers one-object images as well as one that can, and falls behind only where several objects
-are in view. This prints, per setting, the test accuracy (mean over its seeds, and each seed) on
+A model that cannot tell which of several objects a tag names (a tag reads as a neutral name; a
+Pixel-BERT tag, or a ViLBERT one without `tag_coattention_mask`, as its released code, points at no
+region) answers one-object images as well as one that can, and falls behind only where several
+objects are in view. This prints, per setting, the test accuracy (mean over its seeds, and each seed) on
 images with 1, 2 and 3 or more objects, and per question kind where the annotations carry one
 (the mini world's `question_type`), with each group's share of the questions.
 

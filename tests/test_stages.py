@@ -575,7 +575,12 @@ def test_fine_tuning_refuses_the_features_of_another_fast_rcnn(tmp_path):
 def test_a_fine_tuning_section_s_head_switches_reach_the_task_model_s_config(tmp_path):
     from vlbert.engine.finetune import head_overrides
 
-    switches = {"standardise_head_input": True, "centre_candidates": True, "tags_at_region_scale": True}
+    switches = {
+        "standardise_head_input": True,
+        "centre_candidates": True,
+        "tags_at_region_scale": True,
+        "tag_coattention_mask": True,
+    }
     assert head_overrides({**switches, "lr": 1e-3}, tmp_path) == switches
     off = dict.fromkeys(switches, False)
     assert head_overrides({"centre_candidates": False}, tmp_path) == off

@@ -16,7 +16,8 @@ class PixelBertConfig(VLBertConfig):
     (the trained detector, whose trunk is the CNN when cnn="detector"), `num_answers`, and
     `img_token_id` / `end_token_id` (the elements of VL-BERT's input layout that Pixel-BERT drops).
     The region fields (visual_feature_dim, geometry_wavelengths, num_visual_classes,
-    visual_scale_text_init, tags_at_region_scale) are accepted and unused, and so is `tune_frcnn`:
+    visual_scale_text_init, tags_at_region_scale, tag_coattention_mask) are accepted and unused,
+    and so is `tune_frcnn`:
     the CNN trains end to end, as in the paper (its rate is the optimiser's: parameters
     `pixelbert.cnn.*`), as far as `cnn_trainable_layers` says.
 

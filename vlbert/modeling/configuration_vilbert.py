@@ -20,11 +20,11 @@ class ViLBertConfig(VLBertConfig):
         `t_biattention_id` / `v_biattention_id` say. Empty: one co-attention before each of the
         last `num_visual_layers` text layers and before each visual layer, as the released
         ViLBERT interleaves 6 co-attention layers with the last 6 of BERT's 12.
-    tag_coattention_mask: in each co-attention layer a word that names an object (VCR's tags: its
-        `visual_index` is the object's region row) attends to that region with TAG_COATTENTION_BIAS
-        added to its score, as the released code's `co_attention_mask` (its `use_co_attention_mask`;
-        off in its released configs, where a tag points at no region). A fine-tuning switch
-        (finetune.<section>.families.vilbert).
+    tag_coattention_mask (VLBertConfig's field, read here alone): in each co-attention layer a
+        word that names an object (VCR's tags: its `visual_index` is the object's region row)
+        attends to that region with TAG_COATTENTION_BIAS added to its score, as the released
+        code's `co_attention_mask` (its `use_co_attention_mask`; off in its released configs,
+        where a tag points at no region). A fine-tuning switch (finetune.<section>.families.vilbert).
 
     The VL-BERT fields that describe its single stream's visual embedding (geometry_wavelengths,
     visual_scale_text_init, tags_at_region_scale, tune_frcnn) are unused: ViLBERT embeds a region's
@@ -38,12 +38,10 @@ class ViLBertConfig(VLBertConfig):
         num_visual_layers: int = 2,
         text_coattention_layers: list[int] | None = None,
         visual_coattention_layers: list[int] | None = None,
-        tag_coattention_mask: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_visual_layers = num_visual_layers
-        self.tag_coattention_mask = tag_coattention_mask
         text_layers = self.num_hidden_layers
         if not text_coattention_layers and not visual_coattention_layers:
             if num_visual_layers > text_layers:

@@ -31,6 +31,9 @@ class VLBertConfig(BertConfig):
         element takes it, not at the words' learnt scale. VL-BERT's released code scales it as
         any word's; that scale is learnt in pre-training from the whole image alone, which no loss
         pins down, so how much of its object a tag carried was its checkpoint's accident.
+    tag_coattention_mask: ViLBERT's pointer from a tag to its region (ViLBertConfig says how);
+        every family's config takes it, as every family's task model gets the fine-tuning
+        switches, and only ViLBERT reads it.
     standardise_head_input: a task head standardises its input per feature with statistics of
         the fine-tuning set, stored with the weights (`vlbert.engine.head_input` takes them).
     centre_candidates: a multiple-choice head (VCR) reads each candidate's state minus the mean
@@ -56,6 +59,7 @@ class VLBertConfig(BertConfig):
         standardise_head_input: bool = False,
         centre_candidates: bool = False,
         tags_at_region_scale: bool = False,
+        tag_coattention_mask: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("attn_implementation", "sdpa")
@@ -78,6 +82,7 @@ class VLBertConfig(BertConfig):
         self.standardise_head_input = standardise_head_input
         self.centre_candidates = centre_candidates
         self.tags_at_region_scale = tags_at_region_scale
+        self.tag_coattention_mask = tag_coattention_mask
         # The models on AutoModel and AutoModelForPreTraining, which from_pretrained asks after
         # making the config (vlbert/auto.py: why not sooner).
         register_models()

@@ -167,10 +167,20 @@ FAMILY_NAMES = frozenset(setting.family for setting in SETTINGS.values())
 
 
 def family_view(value, family):
-    """`value` without the entries that other model families' names key."""
+    """`value` without the entries that other model families' names key (and without a section
+    that held only such entries: `families: {vilbert: ...}` is absent for VL-BERT, as before it
+    was written)."""
     if not isinstance(value, dict):
         return value
-    return {key: family_view(entry, family) for key, entry in value.items() if key == family or key not in FAMILY_NAMES}
+    view = {}
+    for key, entry in value.items():
+        if key in FAMILY_NAMES and key != family:
+            continue
+        entry_view = family_view(entry, family)
+        if isinstance(entry, dict) and entry and not entry_view:
+            continue
+        view[key] = entry_view
+    return view
 
 
 def depends_on(*keys, leave_out=("finetune.data_fractions",), family=None):
