@@ -119,7 +119,7 @@ def test_up_to_date_study_does_nothing_quickly(smoke_run):
     assert time.time() - started < 10
 
 
-def _dry_run(smoke_run, preset: dict, tmp_path) -> subprocess.CompletedProcess:
+def _dry_run_over_smoke(smoke_run, preset: dict, tmp_path) -> subprocess.CompletedProcess:
     """`snakemake -n` of the finished smoke study under a changed preset: what it would re-run."""
     changed = tmp_path / "smoke.yaml"
     changed.write_text(yaml.safe_dump(preset))
@@ -137,7 +137,7 @@ def _dry_run(smoke_run, preset: dict, tmp_path) -> subprocess.CompletedProcess:
 def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path):
     preset = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
     preset["finetune"]["vqa"]["batch_size"] = 4
-    result = _dry_run(smoke_run, preset, tmp_path)
+    result = _dry_run_over_smoke(smoke_run, preset, tmp_path)
     table = result.stdout.split("Job stats:")[1].split("\n\n")[0]
     jobs = {
         line.split()[0]: int(line.split()[1])
@@ -166,7 +166,7 @@ def test_a_model_family_s_own_entries_rerun_its_settings_alone(smoke_run, tmp_pa
     preset = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
     preset["finetune"]["vcr"]["families"] = {"vilbert": {"lr": 1.0e-2}}
     preset["finetune"]["refcoco"]["reinitialise"] = {"vilbert": ["text_pooler"]}
-    result = _dry_run(smoke_run, preset, tmp_path)
+    result = _dry_run_over_smoke(smoke_run, preset, tmp_path)
     blocks = re.split(r"^(?:local)?rule ", result.stdout, flags=re.M)[1:]
     settings = {re.search(r"wildcards: setting=(\w+)", b)[1] for b in blocks if "wildcards: setting=" in b}
     assert settings == {"vilbert", "vilbert_no_pretrain"}, result.stdout[-3000:]
@@ -400,7 +400,8 @@ def test_paper_dry_run_scatters_extraction_into_chunks(tmp_path):
     assert len(indexes) == len(by_store) and all(line.count("chunk_") == chunks for line in indexes)
 
 
-def _dry_run(tmp_path, preset: dict) -> subprocess.CompletedProcess:
+def _dry_run_in_empty_folder(tmp_path, preset: dict) -> subprocess.CompletedProcess:
+    """`snakemake -n` of a changed preset in an empty folder: whether the DAG accepts it."""
     path = tmp_path / "preset.yaml"
     path.write_text(yaml.safe_dump(preset))
     return subprocess.run(
@@ -412,11 +413,11 @@ def _dry_run(tmp_path, preset: dict) -> subprocess.CompletedProcess:
 
 def test_dry_run_refuses_a_non_finite_rate(tmp_path):
     """The DAG validates as the CLI does: a NaN rate passes the schema's bounds."""
-    result = _dry_run(tmp_path, {**SMOKE, "pretrain": {**SMOKE["pretrain"], "lr": float("nan")}})
+    result = _dry_run_in_empty_folder(tmp_path, {**SMOKE, "pretrain": {**SMOKE["pretrain"], "lr": float("nan")}})
     assert result.returncode != 0 and "pretrain.lr: nan is not a finite number" in result.stdout + result.stderr
 
 
 def test_dry_run_refuses_a_data_root_at_a_system_path(tmp_path):
     # Seen: `root: /` planned `vlbert make-data --out //`.
-    result = _dry_run(tmp_path, {**SMOKE, "data": {**SMOKE["data"], "root": "/"}})
+    result = _dry_run_in_empty_folder(tmp_path, {**SMOKE, "data": {**SMOKE["data"], "root": "/"}})
     assert result.returncode != 0 and "data.root: / is a system folder" in result.stdout + result.stderr
