@@ -231,3 +231,56 @@ def test_the_schema_names_the_registry_s_tasks_families_and_data_sets():
         *_differ("data.paths", schema["data"]["properties"]["paths"]["properties"], DATASETS),
     ]
     assert not differ, "\n".join(dict.fromkeys(differ))
+
+
+def test_with_per_seed_pre_training_each_seed_but_the_first_has_its_own(tmp_path):
+    from vlbert.config import pretraining_seed
+    from vlbert.engine.context import run_inputs
+    from vlbert.layout import Layout
+    from vlbert.registry import SETTINGS
+
+    config = _smoke()
+    config["sweep"]["seeds"] = [0, 3, 5]
+    assert [pretraining_seed(config, s) for s in (0, 3, 5)] == [None, None, None]
+    config["pretrain"]["per_seed"] = True
+    config = load_config(_write(tmp_path, config))
+    assert [pretraining_seed(config, s) for s in (0, 3, 5)] == [None, 3, 5]
+    layout = Layout("smoke")
+    assert run_inputs(config, SETTINGS["a"], seed=0).pretrained == layout.pretrained("a")
+    assert run_inputs(config, SETTINGS["a"], seed=5).pretrained == layout.pretrain("a") / "seed5" / "best"
+    assert run_inputs(config, SETTINGS["no_pretrain"], seed=5).pretrained is None
+
+
+def test_per_seed_pre_training_needs_the_preset_s_seed_first(tmp_path):
+    # The first seed's runs continue the sweep's trials, made from the setting's own pre-training.
+    config = _smoke()
+    config["pretrain"]["per_seed"] = True
+    config["sweep"]["seeds"] = [1, 2]
+    with pytest.raises(
+        ConfigError, match=r"pretrain\.per_seed: the first of sweep\.seeds \(1\) must be the preset's seed \(0\)"
+    ):
+        load_config(_write(tmp_path, config))
+
+
+def test_per_seed_is_not_part_of_a_pre_training_s_identity(smoke_study):
+    from vlbert.engine.context import run_inputs, training_context
+    from vlbert.engine.pretrain import PretrainStage
+    from vlbert.registry import SETTINGS
+    from vlbert.tracking import NullTracker
+
+    identities = []
+    for per_seed in (False, True):
+        config = load_config(smoke_study["preset"])
+        config["data"]["root"] = str(smoke_study["data"])
+        config["pretrain"]["per_seed"] = per_seed
+        inputs = run_inputs(
+            config,
+            SETTINGS["a"],
+            features_dir=smoke_study["features"],
+            bert=smoke_study["bert"],
+            detector_dir=smoke_study["detector"],
+        )
+        stage = PretrainStage(training_context(config, inputs, NullTracker, progress=False), SETTINGS["a"], "unused")
+        stage.setup()
+        identities.append(stage.identity())
+    assert identities[0] == identities[1]

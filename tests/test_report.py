@@ -46,8 +46,9 @@ class Store:
             self.client.set_terminated(run.info.run_id, status=status)
         return run.info.run_id
 
-    def pretrain(self, setting, status="FINISHED") -> str:
-        """A pre-training run with its last epoch's validation, as `vlbert pretrain` logs it."""
+    def pretrain(self, setting, status="FINISHED", seed=None, gain=10.0) -> str:
+        """A pre-training run with its last epoch's validation, as `vlbert pretrain` logs it; `seed`:
+        a fine-tuning seed's own (pretrain.per_seed), tagged with it."""
         from mlflow.entities import Metric
 
         self.clock += 1000
@@ -55,9 +56,9 @@ class Store:
             self.experiment,
             start_time=self.clock,
             run_name=f"pretrain-{setting}",
-            tags={"stage": "pretrain", "setting": setting},
+            tags={"stage": "pretrain", "setting": setting} | ({} if seed is None else {"seed": str(seed)}),
         )
-        values = {"val_mlm_accuracy": 30.0, "val_mlm_accuracy_other_image": 20.0, "val_visual_clue_gain": 10.0}
+        values = {"val_mlm_accuracy": 30.0, "val_mlm_accuracy_other_image": 30.0 - gain, "val_visual_clue_gain": gain}
         self.client.log_batch(run.info.run_id, metrics=[Metric(k, v, self.clock, 1) for k, v in values.items()])
         if status != "RUNNING":
             self.client.set_terminated(run.info.run_id, status=status)
@@ -160,6 +161,39 @@ def test_the_report_says_when_it_used_a_run_that_did_not_finish(tmp_path, monkey
     assert "d / vqa / seed 0: its newest run" in err and "has no results" in err
     assert f"b: run {pretrained} did not finish (status FAILED)" in err
     assert f"run {pretrained} did not finish" in (report / "pretraining.md").read_text()
+
+
+def test_a_setting_s_pre_trainings_of_each_seed_are_reported_apart_from_its_own(tmp_path, monkeypatch):
+    # pretrain.per_seed: the seeds' own pre-trainings (tagged with their seed) are listed with their
+    # spread; the setting's own stays its row in the main table.
+    store = Store(tmp_path)
+    for setting in SCORES:
+        for task in TABLE4_TASKS:
+            for seed in (0, 1, 2):
+                store.run(setting, task, seed, SCORES[setting] + seed)
+    store.pretrain("a", gain=10.0)
+    store.pretrain("a", seed=1, gain=14.0)
+    store.pretrain("a", seed=2, gain=18.0)
+    store.pretrain("b", gain=5.0)
+    report = _report(store, tmp_path, monkeypatch)
+    text = (report / "pretraining.md").read_text()
+    main_table = text.split("## Per word kind")[0]
+    assert "| a | 30.0 | 20.0 | 10.0 |" in main_table and main_table.count("| a |") == 1
+    replicates = text.split("## Every pre-training of a setting")[1]
+    assert "| a | own | +10.0 |" in replicates and "| a | 2 | +18.0 |" in replicates
+    assert "| a | mean ± std | +14.0 ± 4.0 |" in replicates and "| b |" not in replicates
+    assert "spread holds pre-training's" in (report / "table4.md").read_text()
+
+
+def test_one_pre_training_a_setting_gets_no_section_of_seeds(tmp_path, monkeypatch):
+    store = Store(tmp_path)
+    for setting in SCORES:
+        for task in TABLE4_TASKS:
+            store.run(setting, task, 0, SCORES[setting])
+    store.pretrain("a")
+    report = _report(store, tmp_path, monkeypatch)
+    assert "Every pre-training" not in (report / "pretraining.md").read_text()
+    assert "pre-training's" not in (report / "table4.md").read_text()
 
 
 def test_the_report_says_why_a_run_it_used_was_ended(tmp_path, monkeypatch, capsys):

@@ -599,3 +599,42 @@ def test_a_fraction_s_run_is_validated_as_often_as_the_whole_set_s(smoke_study, 
     validated = [epoch for epoch, scores in enumerate(metrics["val_history"], 1) if scores]
     assert len(validated) == whole_set_epochs and validated[-1] == metrics["epochs"]  # ... scored as often
     assert metrics["best_epoch"] in validated
+
+
+def test_each_seed_fine_tunes_the_pre_training_given_for_it(smoke_study, tmp_path, capsys):
+    """pretrain.per_seed's runs: `vlbert pretrain --seed` makes another seed's pre-training (other
+    weights), and `vlbert finetune --pretrained` once for each --seed starts each seed's run from its own."""
+    from safetensors.torch import load_file
+
+    from vlbert.engine.checkpoint import input_identity
+
+    pretrained = {}
+    for seed in (0, 1):
+        out = tmp_path / f"pretrain_seed{seed}"
+        assert (
+            main(["pretrain", "--setting", "a", "--seed", str(seed), "--out", str(out), *study_args(smoke_study)]) == 0
+        )
+        pretrained[seed] = out / "best"
+    weights = [load_file(pretrained[seed] / "model.safetensors") for seed in (0, 1)]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    runs = tmp_path / "finetune"
+    args = [
+        "finetune",
+        "--setting",
+        "a",
+        "--task",
+        "refcoco_det",
+        "--lr",
+        "0.001",
+        "--seed",
+        "0",
+        "1",
+        "--out",
+        str(runs),
+    ]
+    assert main([*args, "--pretrained", str(pretrained[0]), str(pretrained[1]), *study_args(smoke_study)]) == 0
+    for seed in (0, 1):
+        identity = json.loads((runs / "refcoco_det" / f"seed{seed}" / "checkpoint" / "identity.json").read_text())
+        assert identity["inputs"]["start"] == input_identity(pretrained[seed])
+    assert main([*args, "--pretrained", *(str(pretrained[0]),) * 3, *study_args(smoke_study)]) == 2
+    assert "--pretrained: give one for every seed or one for each of the 2 seeds, not 3" in capsys.readouterr().err

@@ -421,3 +421,28 @@ def test_dry_run_refuses_a_data_root_at_a_system_path(tmp_path):
     # Seen: `root: /` planned `vlbert make-data --out //`.
     result = _dry_run_in_empty_folder(tmp_path, {**SMOKE, "data": {**SMOKE["data"], "root": "/"}})
     assert result.returncode != 0 and "data.root: / is a system folder" in result.stdout + result.stderr
+
+
+def test_per_seed_pre_training_plans_each_later_seed_s_own_pre_training_and_features(tmp_path):
+    """pretrain.per_seed: a pre-training (and, for full, tuned features) for every seed but the
+    first, the seeds job waiting for them and given each seed's features; sweeps keep the setting's own."""
+    preset = {
+        **SMOKE,
+        "pretrain": {**SMOKE["pretrain"], "per_seed": True},
+        "sweep": {**SMOKE["sweep"], "seeds": [0, 4]},
+    }
+    result = _dry_run_in_empty_folder(tmp_path, preset)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pretrained = [name for name in SETTINGS if registry.SETTINGS[name].pretrains]
+    commands = [line for line in result.stdout.splitlines() if line.startswith("Shell command: ")]
+    seeded = [c for c in commands if c.startswith("Shell command: vlbert pretrain") and "--seed 4" in c]
+    assert sorted(c.split("--setting ")[1].split()[0] for c in seeded) == sorted(pretrained)
+    assert all(f"--out results/smoke/pretrain/{c.split('--setting ')[1].split()[0]}/seed4 " in c for c in seeded)
+    tuned = [c for c in commands if "tune-features" in c and "pretrain/full/seed4/best" in c]
+    assert len(tuned) == 1 and "--out results/smoke/features/tuned/full/seed4 " in tuned[0]
+    (seeds_full,) = [
+        c for c in commands if "vlbert finetune" in c and "--setting full " in c and "--continue-trial" in c
+    ]
+    assert "--features results/smoke/features/tuned/full results/smoke/features/tuned/full/seed4 " in seeds_full
+    (seeds_a,) = [c for c in commands if "vlbert finetune" in c and "--setting a " in c and "--continue-trial" in c]
+    assert "--features results/smoke/features --bert" in seeds_a

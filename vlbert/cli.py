@@ -32,9 +32,17 @@ def _add_runtime_arguments(p) -> None:
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
 
 
-def _add_training_arguments(p) -> None:
+def _add_training_arguments(p, per_seed: bool = False) -> None:
+    """`per_seed`: --features may name one folder for each of the run's --seed (in their order)."""
     _add_data_argument(p)
-    p.add_argument("--features", help=f"feature stores folder (default: {STUDY.features})")
+    if per_seed:
+        p.add_argument(
+            "--features",
+            nargs="+",
+            help=f"feature stores folder, or one for each seed (default: {STUDY.features})",
+        )
+    else:
+        p.add_argument("--features", help=f"feature stores folder (default: {STUDY.features})")
     p.add_argument("--detector", help=f"detector folder (default: {STUDY.detector})")
     p.add_argument("--bert", help=f"BERT checkpoint (default: the preset's model.bert, else {STUDY.bert})")
     p.add_argument("--run-name", help="MLflow run name")
@@ -165,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add_verb(verbs, "pretrain", runs.pretrain, "pre-train one setting of the ablation")
     p.add_argument("--setting", required=True, choices=[s for s, spec in SETTINGS.items() if spec.pretrains])
     p.add_argument("--out", required=True, help="output folder (checkpoint/, best/, metrics.json)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed (default: the preset's); another seed makes a fine-tuning seed's own pre-training "
+        f"(pretrain.per_seed: {STUDY.pretrain('<setting>', '<seed>')})",
+    )
     _add_training_arguments(p)
 
     p = _add_verb(verbs, "finetune", runs.finetune, "fine-tune one setting on one or more tasks")
@@ -199,8 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
         "for as many steps as the whole set gets (default 1)",
     )
     p.add_argument("--out", required=True)
-    p.add_argument("--pretrained", help=PRETRAINED_HELP)
-    _add_training_arguments(p)
+    p.add_argument(
+        "--pretrained",
+        nargs="+",
+        help=f"pre-trained checkpoint, or one for each seed (default: {STUDY.pretrained('<setting>')}; "
+        f"with pretrain.per_seed, a seed but the first starts from {STUDY.pretrained('<setting>', '<seed>')})",
+    )
+    _add_training_arguments(p, per_seed=True)
 
     p = _add_verb(
         verbs, "tune-features", runs.tune_features, "recompute feature stores with a pre-trained, tuned Fast R-CNN"

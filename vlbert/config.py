@@ -80,6 +80,11 @@ def validate(config: dict, source: str = "<config>") -> None:
         raise ConfigError(f"{source}: {_describe(error)}")
     if "root" in config["data"]:
         check_output(config["data"]["root"], "data.root", source)
+    if config.get("pretrain", {}).get("per_seed") and study_seeds(config)[0] != config["seed"]:
+        raise ConfigError(
+            f"{source}: pretrain.per_seed: the first of sweep.seeds ({study_seeds(config)[0]}) must be the "
+            f"preset's seed ({config['seed']}): its runs start from the setting's own pre-training, made with it"
+        )
 
 
 def unsafe_output(path) -> str | None:
@@ -174,6 +179,15 @@ def study_seeds(config: dict) -> list[int]:
     """The seeds the chosen learning rates are re-run with (`sweep.seeds`, else the preset's
     seed); sweep trials use the first."""
     return list(config.get("sweep", {}).get("seeds", [config["seed"]]))
+
+
+def pretraining_seed(config: dict, seed: int) -> int | None:
+    """The seed of the pre-training that fine-tuning seed `seed` starts from when it has one of its
+    own (`pretrain.per_seed`: every seed but the first), else None: the setting's own pre-training,
+    made with the preset's seed, the one its sweeps use."""
+    if not config.get("pretrain", {}).get("per_seed") or seed == study_seeds(config)[0]:
+        return None
+    return seed
 
 
 def data_fractions(config: dict) -> tuple[list[float], list[str]]:

@@ -39,9 +39,11 @@ class Layout:
         """The detector's feature stores, <dataset>.<split>.<boxes>.h5."""
         return self.results / "features"
 
-    def tuned_features(self, setting: str) -> Path:
-        """The stores a setting that tunes Fast R-CNN recomputes with its pre-trained module."""
-        return self.features / "tuned" / setting
+    def tuned_features(self, setting: str, seed: int | str | None = None) -> Path:
+        """The stores a setting that tunes Fast R-CNN recomputes with its pre-trained module (that of
+        its pre-training with `seed`, as `pretrain`)."""
+        root = self.features / "tuned" / setting
+        return root if seed is None else root / f"seed{seed}"
 
     @property
     def bert_init(self) -> Path:
@@ -52,12 +54,15 @@ class Layout:
         """The small BERT `bert-init` pre-trains (a preset's model.bert replaces it)."""
         return self.bert_init / "bert"
 
-    def pretrain(self, setting: str) -> Path:
-        return self.results / "pretrain" / setting
+    def pretrain(self, setting: str, seed: int | str | None = None) -> Path:
+        """A setting's pre-training; with `seed`, the one a fine-tuning seed has of its own
+        (`pretrain.per_seed`, config.pretraining_seed)."""
+        root = self.results / "pretrain" / setting
+        return root if seed is None else root / f"seed{seed}"
 
-    def pretrained(self, setting: str) -> Path:
+    def pretrained(self, setting: str, seed: int | str | None = None) -> Path:
         """The checkpoint a setting's fine-tuning starts from: its pre-training's best epoch."""
-        return self.pretrain(setting) / "best"
+        return self.pretrain(setting, seed) / "best"
 
     def finetune_fraction(self, setting: str, fraction: float | str) -> Path:
         """Where a setting's runs on a share of each training set go (`finetune.data_fractions`)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import pretraining_seed
 from ..layout import Layout
 
 
@@ -30,12 +31,14 @@ def run_inputs(
     bert=None,
     detector_dir=None,
     pretrained=None,
+    seed: int | None = None,
 ) -> RunInputs:
     """The one place a run's inputs are resolved, for the CLI's runs (study/runs.py, from its
     arguments) and the sweep's trials (study/sweep.py, from the inputs the sweep's CLI run resolved,
     made absolute): each one given, else the preset's (`data.root`, `model.bert`), else where the
     study's layout keeps it; `pretrained`, else the pre-trained checkpoint of a `setting` that
-    pre-trains (else None: the run starts from BERT).
+    pre-trains (else None: the run starts from BERT), the one fine-tuning `seed` has of its own
+    where the preset gives each seed one (`pretrain.per_seed`).
 
     A BERT named by a string is a folder when one of that name exists, else a hub id; the layout's
     stays a path even when missing, so that loading it fails as a missing checkpoint (build.py)."""
@@ -43,7 +46,8 @@ def run_inputs(
     bert = bert or preset["model"].get("bert") or layout.bert
     if isinstance(bert, str) and Path(bert).exists():
         bert = Path(bert)
-    pretrained = pretrained or (layout.pretrained(setting.name) if setting is not None and setting.pretrains else None)
+    if not pretrained and setting is not None and setting.pretrains:
+        pretrained = layout.pretrained(setting.name, None if seed is None else pretraining_seed(preset, seed))
     return RunInputs(
         data_root=Path(data_root or preset["data"]["root"]),
         features_dir=Path(features_dir or layout.features),

@@ -57,16 +57,19 @@ class PretrainStage(Stage):
     """Pre-training `setting` from the BERT and the detector of `context.inputs` into `out`. Every
     epoch is validated; the last epoch's weights are the ones kept (best/, with the tokenizer)."""
 
-    def __init__(self, context: TrainingContext, setting, out):
+    def __init__(self, context: TrainingContext, setting, out, seed: int | None = None):
         if not setting.pretrains:
             raise ValueError(f"setting {setting.name!r} has no pre-training: fine-tune from the BERT init")
         self.context, self.preset, self.device = context, context.preset, context.device
         self.setting, self.out = setting, Path(out)
+        # Another seed than the preset's: a fine-tuning seed's own pre-training (pretrain.per_seed).
+        self.seed = context.preset["seed"] if seed is None else seed
 
     def setup(self) -> None:
         preset, processor, setting = self.preset, self.context.processor, self.setting
         bert, detector_dir = self.context.inputs.bert, self.context.inputs.detector_dir
-        self.seed, self.options = seed, options = preset["seed"], preset["pretrain"]
+        seed, self.options = self.seed, preset["pretrain"]
+        options = self.options
         torch.manual_seed(seed)
         data_root, features_dir = Path(self.context.inputs.data_root), Path(self.context.inputs.features_dir)
         max_rois = preset.get("model", {}).get("max_rois")
@@ -174,7 +177,12 @@ class PretrainStage(Stage):
             "stage": "pretrain",
             "setting": self.setting.name,
             "seed": self.seed,
-            "preset": {key: preset.get(key) for key in ("model", "pretrain", "training")},
+            # pretrain.per_seed says which pre-trainings the study makes, not what one is made from.
+            "preset": {
+                "model": preset.get("model"),
+                "pretrain": {k: v for k, v in preset["pretrain"].items() if k != "per_seed"},
+                "training": preset.get("training"),
+            },
             "inputs": {
                 "bert": input_identity(inputs.bert),
                 "detector": input_identity(inputs.detector_dir),
@@ -202,10 +210,10 @@ class PretrainStage(Stage):
         return summary, {}
 
 
-def pretrain(context: TrainingContext, setting, out, max_steps: int | None = None) -> dict:
-    """Pre-train `setting` from the BERT and the detector of `context.inputs` into `out`; a summary
-    (with `max_steps`, only the loop's speed)."""
-    stage = PretrainStage(context, setting, out)
+def pretrain(context: TrainingContext, setting, out, max_steps: int | None = None, seed: int | None = None) -> dict:
+    """Pre-train `setting` from the BERT and the detector of `context.inputs` into `out` with `seed`
+    (default: the preset's); a summary (with `max_steps`, only the loop's speed)."""
+    stage = PretrainStage(context, setting, out, seed)
     return run_stage(
         stage, context.tracker, progress=context.progress, callbacks=context.callbacks, max_steps=max_steps
     )

@@ -3,6 +3,7 @@ parses). Each returns the process's exit status; heavy imports wait until a verb
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -174,9 +175,12 @@ def tune_features(args) -> int:
     return 0
 
 
-def _training_context(args, stage: str, tags: dict, tracked: bool = True, setting=None) -> TrainingContext:
+def _training_context(
+    args, stage: str, tags: dict, tracked: bool = True, setting=None, seed: int | None = None
+) -> TrainingContext:
     """Shared by the training verbs: the preset, threads, device, processor, MLflow tracker, and the
-    run's inputs (the arguments', else the preset's or the study layout's: `run_inputs`)."""
+    run's inputs (the arguments', else the preset's or the study layout's: `run_inputs`, for a
+    fine-tuning `seed`)."""
     import torch
 
     from ..config import load_config
@@ -196,6 +200,7 @@ def _training_context(args, stage: str, tags: dict, tracked: bool = True, settin
         bert=getattr(args, "bert", None),
         detector_dir=getattr(args, "detector", None),
         pretrained=getattr(args, "pretrained", None),
+        seed=seed,
     )
 
     def tracker():
@@ -290,10 +295,12 @@ def pretrain(args) -> int:
     chosen = setting(args.setting)
     out = Path(args.out)
     with _holding(out):
-        context = _training_context(args, "pretrain", {SETTING_TAG: chosen.name})
+        # A fine-tuning seed's own pre-training is tagged with its seed; the setting's has none.
+        tags = {SETTING_TAG: chosen.name} | ({} if args.seed is None else {SEED_TAG: args.seed})
+        context = _training_context(args, "pretrain", tags)
 
         def work():
-            summary = pretrain_setting(context, chosen, out)
+            summary = pretrain_setting(context, chosen, out, seed=args.seed)
             write_json(out / "metrics.json", summary, indent=2)
             return summary
 
@@ -319,6 +326,7 @@ def finetune(args) -> int:
         raise ValueError("--continue-trial needs --lr-from with a sweep folder (its <task>/trials/ hold the runs)")
     preset = None if args.lr is not None or args.lr_from is not None else load_config(args.config)
     lrs = {task: _chosen_lr(args, task, preset, chosen.family) for task in args.task}
+    per_seed = {name: _per_seed(getattr(args, name), args.seed, f"--{name}") for name in ("pretrained", "features")}
     # Every (task, seed) runs one after the other in this process (the imports paid once), each
     # its own MLflow run: in OUT itself for a single one, else in OUT/<task>/seed<N>/.
     runs = [(task, seed) for task in args.task for seed in args.seed]
@@ -327,8 +335,9 @@ def finetune(args) -> int:
         tags = {SETTING_TAG: chosen.name, TASK_TAG: task, SEED_TAG: seed, LR_TAG: lrs[task]}
         if args.train_fraction < 1:
             tags[TRAIN_FRACTION_TAG] = args.train_fraction
+        seed_args = argparse.Namespace(**{**vars(args), **{name: given[seed] for name, given in per_seed.items()}})
         with _holding(out):
-            context = _training_context(args, "finetune", tags, setting=chosen)
+            context = _training_context(seed_args, "finetune", tags, setting=chosen, seed=seed)
 
             def work(context=context, task=task, seed=seed, out=out):
                 if args.continue_trial:
@@ -347,6 +356,19 @@ def finetune(args) -> int:
                 f"(epoch {metrics['best_epoch']}), test {metrics['test']['accuracy']:.2f}"
             )
     return 0
+
+
+def _per_seed(given: list[str] | None, seeds: list[int], option: str) -> dict[int, str | None]:
+    """An option given once for every seed, or once for each (in --seed's order): seed -> value."""
+    if not given:
+        return dict.fromkeys(seeds)
+    if len(given) == 1:
+        return dict.fromkeys(seeds, given[0])
+    if len(given) != len(seeds):
+        raise ValueError(
+            f"{option}: give one for every seed or one for each of the {len(seeds)} seeds, not {len(given)}"
+        )
+    return dict(zip(seeds, given))
 
 
 def _chosen_lr(args, task: str, preset: dict | None, family: str) -> float:

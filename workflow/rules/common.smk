@@ -4,7 +4,7 @@ import os
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from vlbert.config import ConfigError, data_fractions, study_seeds, study_settings
+from vlbert.config import ConfigError, data_fractions, pretraining_seed, study_seeds, study_settings
 from vlbert.config import validate as validate_preset
 from vlbert.layout import Layout
 from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TABLE4_TASKS, TASKS
@@ -98,22 +98,48 @@ def bert_param(wildcards, input):
     return config.get("model", {}).get("bert") or os.path.dirname(input.bert[0])
 
 
+# The pre-training each fine-tuning seed starts from: None for the setting's own (the one its sweeps
+# use), a seed where it has one of its own (pretrain.per_seed; rule pretrain_seed).
+PRETRAINING_SEEDS = [pretraining_seed(config, seed) for seed in SEEDS]
+
+
 def pretrained_input(wildcards):
+    """The setting's own pre-training (a sweep's start)."""
     if not SETTINGS[wildcards.setting].pretrains:
         return []
     return [f"{LAYOUT.pretrained(wildcards.setting)}/model.safetensors"]
 
 
-def task_features_dir(wildcards):
+def seeds_pretrained_input(wildcards):
+    """Every pre-training the setting's seeds start from (the CLI finds each seed's by itself)."""
+    if not SETTINGS[wildcards.setting].pretrains:
+        return []
+    return [f"{LAYOUT.pretrained(wildcards.setting, seed)}/model.safetensors"
+            for seed in dict.fromkeys(PRETRAINING_SEEDS)]
+
+
+def task_features_dir(wildcards, seed=None):
     """Where a setting's fine-tuning reads its features: a setting that tuned Fast R-CNN in
-    pre-training reads the stores its tuned module made (rule tune_features)."""
+    pre-training reads the stores its tuned module made (rule tune_features; that of the
+    pre-training with `seed`: tune_features_seed)."""
     if SETTINGS[wildcards.setting].tune_frcnn:
-        return str(LAYOUT.tuned_features(wildcards.setting))
+        return str(LAYOUT.tuned_features(wildcards.setting, seed))
     return str(LAYOUT.features)
 
 
 def task_features(wildcards):
     return [f"{task_features_dir(wildcards)}/{name}.h5" for name in TASK_STORE_NAMES]
+
+
+def seeds_features_dirs(wildcards):
+    """finetune's --features for the setting's seeds: one folder, or one for each seed."""
+    dirs = [task_features_dir(wildcards, seed) for seed in PRETRAINING_SEEDS]
+    return " ".join(dict.fromkeys(dirs)) if len(set(dirs)) == 1 else " ".join(dirs)
+
+
+def seeds_task_features(wildcards):
+    return [f"{task_features_dir(wildcards, seed)}/{name}.h5"
+            for seed in dict.fromkeys(PRETRAINING_SEEDS) for name in TASK_STORE_NAMES]
 
 
 # The scheduler's priorities: the job whose chain (pretrain [-> tune_features] -> sweep -> seeds)
@@ -133,12 +159,12 @@ def pretrain_cost(setting) -> float:
 
 def chain_priority(stage):
     """The priority of a `stage` job of a setting: ten times the work left in its chain."""
-    finetune_jobs_left = {"pretrain": 2, "sweep": 2, "seeds": 1}[stage]
+    finetune_jobs_left = {"pretrain": 2, "pretrain_seed": 1, "sweep": 2, "seeds": 1}[stage]
 
     def priority(wildcards):
         setting = SETTINGS[wildcards.setting]
         left = finetune_jobs_left * setting.model_family.finetune_cost
-        return round(10 * (left + (pretrain_cost(setting) if stage == "pretrain" else 0)))
+        return round(10 * (left + (pretrain_cost(setting) if stage.startswith("pretrain") else 0)))
     return priority
 
 
@@ -183,7 +209,7 @@ def family_view(value, family):
     return view
 
 
-def depends_on(*keys, leave_out=("finetune.data_fractions",), family=None):
+def depends_on(*keys, leave_out=("finetune.data_fractions", "pretrain.per_seed"), family=None):
     """The preset values a rule's output depends on, as a string Snakemake records: changing one
     of them in the preset re-runs that rule (and what follows), and nothing else; `leave_out`
     names the keys inside those that no output depends on (which extra runs the study makes), and

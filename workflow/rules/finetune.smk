@@ -41,9 +41,9 @@ rule sweep:
 rule finetune_seeds:
     input:
         best=[str(LAYOUT.sweep_best("{setting}", task)) for task in TASKS],
-        pretrained=pretrained_input,
+        pretrained=seeds_pretrained_input,
         bert=bert_input(),
-        features=task_features,
+        features=seeds_task_features,
     output:
         [f"{LAYOUT.finetune_run('{setting}', task, seed)}/metrics.json" for task in TASKS for seed in SEEDS],
     log:
@@ -56,7 +56,7 @@ rule finetune_seeds:
         tasks=" ".join(TASKS),
         seeds=" ".join(str(s) for s in SEEDS),
         data=data_root,
-        features=task_features_dir,
+        features=seeds_features_dirs,
         sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
         out=lambda wc: str(LAYOUT.finetune(wc.setting)),
         device=DEVICE,
@@ -79,9 +79,9 @@ rule finetune_seeds:
 rule finetune_fractions:
     input:
         best=[str(LAYOUT.sweep_best("{setting}", task)) for task in TABLE4_TASKS],
-        pretrained=pretrained_input,
+        pretrained=seeds_pretrained_input,
         bert=bert_input(),
-        features=task_features,
+        features=seeds_task_features,
     output:
         [f"{LAYOUT.finetune_fraction('{setting}', '{fraction}')}/{task}/seed{seed}/metrics.json"
          for task in TABLE4_TASKS for seed in SEEDS],
@@ -95,7 +95,7 @@ rule finetune_fractions:
         tasks=" ".join(TABLE4_TASKS),
         seeds=" ".join(str(s) for s in SEEDS),
         data=data_root,
-        features=task_features_dir,
+        features=seeds_features_dirs,
         sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
         out=lambda wc: str(LAYOUT.finetune_fraction(wc.setting, wc.fraction)),
         device=DEVICE,

@@ -64,6 +64,37 @@ rule pretrain:
         "--device {params.device} --quiet > {log} 2>&1"
 
 
+# A fine-tuning seed's own pre-training (pretrain.per_seed): the setting's, made with that seed.
+rule pretrain_seed:
+    input:
+        bert=bert_input(),
+        detector=rules.train_detector.output.weights,
+        captions=[f"{LAYOUT.features}/{store.name}.h5" for store in PRETRAINING_STORES.values()],
+    output:
+        f"{LAYOUT.pretrained('{setting}', '{seed}')}/model.safetensors",
+    log:
+        f"{LAYOUT.logs}/pretrain/{{setting}}_seed{{seed}}.log",
+    benchmark:
+        f"{LAYOUT.benchmarks}/pretrain/{{setting}}_seed{{seed}}.tsv",
+    params:
+        preset=preset_file(),
+        bert=bert_param,
+        data=data_root,
+        out=lambda wc: str(LAYOUT.pretrain(wc.setting, wc.seed)),
+        device=DEVICE,
+        depends=setting_depends_on("model", "pretrain", "training"),
+    priority: chain_priority("pretrain_seed")
+    threads: MACHINE_CORES
+    resources:
+        gpu=GPU,
+    conda:
+        CONDA_ENV
+    shell:
+        "vlbert pretrain --config {params.preset} --setting {wildcards.setting} --seed {wildcards.seed} "
+        "--data {params.data} --bert {params.bert} --out {params.out} --threads {threads} "
+        "--device {params.device} --quiet > {log} 2>&1"
+
+
 rule tune_features:
     input:
         pretrained=f"{LAYOUT.pretrained('{setting}')}/model.safetensors",
@@ -90,3 +121,23 @@ rule tune_features:
         "vlbert tune-features --config {params.preset} --pretrained {params.pretrained} "
         "--store {input.stores} --out {params.out} --data {params.data} "
         "--threads {threads} --device {params.device} --quiet > {log} 2>&1"
+
+
+# The features of a fine-tuning seed's own pre-training, for a setting that tuned Fast R-CNN.
+use rule tune_features as tune_features_seed with:
+    input:
+        pretrained=f"{LAYOUT.pretrained('{setting}', '{seed}')}/model.safetensors",
+        stores=[f"{LAYOUT.features}/{name}.h5" for name in TASK_STORE_NAMES],
+    output:
+        [f"{LAYOUT.tuned_features('{setting}', '{seed}')}/{name}.h5" for name in TASK_STORE_NAMES],
+    log:
+        f"{LAYOUT.logs}/tune_features/{{setting}}_seed{{seed}}.log",
+    benchmark:
+        f"{LAYOUT.benchmarks}/tune_features/{{setting}}_seed{{seed}}.tsv",
+    params:
+        preset=preset_file(),
+        pretrained=lambda wc, input: os.path.dirname(input.pretrained),
+        out=lambda wc: str(LAYOUT.tuned_features(wc.setting, wc.seed)),
+        data=data_root,
+        device=DEVICE,
+    priority: chain_priority("seeds")

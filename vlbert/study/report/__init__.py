@@ -28,6 +28,7 @@ from .read import (
     latest_pretraining,
     latest_results,
     paper_numbers,
+    pretraining_replicates,
     vcr_labels,
     vcr_predictions,
     vcr_question_kinds,
@@ -102,7 +103,7 @@ def write_report(
         by_kind = derive_vcr_kinds(finetunes, predictions, labels, kinds) if kinds else None
     table = table4(finetunes, zip(killed["setting"], killed["task"]))
     floors = json.loads(Path(floors_path).read_text()) if floors_path and Path(floors_path).is_file() else {}
-    write_tables(table, paper, out, finetune_notes, floors)
+    write_tables(table, paper, out, finetune_notes, floors, not pretraining_replicates(runs).empty)
     write_controls(controls(table, floors), floors, out)
     if (every_finetune["train_fraction"] < 1).any():
         fractions = fraction_table(every_finetune)

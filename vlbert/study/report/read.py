@@ -152,9 +152,20 @@ def killed_notes(killed: pd.DataFrame) -> list[str]:
 
 
 def latest_pretraining(runs: pd.DataFrame) -> pd.DataFrame:
-    """The latest pre-training run with results of each setting, in the study's order."""
-    done = latest_results(runs, "pretrain")[0].set_index("setting")
+    """The latest pre-training run with results of each setting, in the study's order: the
+    setting's own, not those fine-tuning seeds have of their own (pretrain.per_seed: tagged with
+    their seed)."""
+    done = latest_results(runs, "pretrain")[0]
+    done = done[done["seed"].isna()].set_index("setting")
     return done.reindex([s for s in SETTINGS if s in done.index]).reset_index()
+
+
+def pretraining_replicates(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every pre-training of each setting that has more than one (pretrain.per_seed): the
+    setting's own and those of the fine-tuning seeds, the latest of each with results."""
+    done = latest_results(runs, "pretrain")[0]
+    counts = done.groupby("setting")["run_id"].transform("count")
+    return done[counts > 1]
 
 
 def vcr_labels(jsonl_path) -> dict:

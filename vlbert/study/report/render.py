@@ -7,11 +7,12 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ... import io
 from ...registry import FAMILIES, SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
-from .read import GROUNDING_KINDS, PRETRAINING_METRICS, latest_pretraining
+from .read import GROUNDING_KINDS, PRETRAINING_METRICS, latest_pretraining, pretraining_replicates
 from .statistics import KILLED, MISSING, floor_of
 
 # ---- Table 4 and the findings ----------------------------------------------------------------
@@ -43,10 +44,16 @@ def _cells(table: pd.DataFrame, setting: str) -> list[str]:
 
 
 def write_tables(
-    table: pd.DataFrame, paper: dict, out: Path, notes: list[str] = (), floors: dict | None = None
+    table: pd.DataFrame,
+    paper: dict,
+    out: Path,
+    notes: list[str] = (),
+    floors: dict | None = None,
+    pretraining_per_seed: bool = False,
 ) -> None:
     """table4.{md,csv,tex}; `notes`: what the figures rest on (runs that did not finish), said below
-    the table; `floors` (floors.json): the blind floors, a first row of the markdown table."""
+    the table; `floors` (floors.json): the blind floors, a first row of the markdown table;
+    `pretraining_per_seed`: each seed fine-tuned a pre-training of its own (pretrain.per_seed)."""
     published = paper["ablation_table4"]
     marker = " †" if published["provenance"] == "recalled" else ""
     header = ["setting"] + [TASKS[t].table4_title for t in TABLE4_TASKS] + [f"paper {t}{marker}" for t in TABLE4_TASKS]
@@ -75,6 +82,11 @@ def write_tables(
         f"\nOurs: mean ± standard deviation over seeds (up to {n} per cell), accuracy in percent. "
         f"Paper: ICLR 2020 Table 4, VL-BERT_BASE."
     )
+    if pretraining_per_seed:
+        note += (
+            " Each seed of a setting that pre-trains fine-tunes a pre-training of its own, so a cell's "
+            "spread holds pre-training's as well as fine-tuning's (pretraining.md: every pre-training)."
+        )
     shown = " ".join(" ".join(_cells(table, s)) for s in TABLE4_SETTINGS)
     if MISSING in shown:
         note += f" {MISSING} no run with results for this setting and task."
@@ -352,8 +364,56 @@ def write_pretraining(runs: pd.DataFrame, out: Path, notes: list[str] = ()) -> N
         + "\n"
         + note
         + "\n"
-        + "\n".join(grounding),
+        + "\n".join(grounding)
+        + replicates_section(pretraining_replicates(runs)),
     )
+
+
+# The replicates' columns: the read of the image overall and per word kind (own image minus another's).
+REPLICATE_COLUMNS = {
+    "visual clue gain": lambda run: _value(run, "visual_clue_gain"),
+    **{
+        f"{kind} gain": lambda run, kind=kind: _difference(
+            _value(run, f"ground_{kind}_own"), _value(run, f"ground_{kind}_other")
+        )
+        for kind in GROUNDING_KINDS
+    },
+}
+
+
+def _difference(a, b):
+    return None if a is None or b is None else a - b
+
+
+def replicates_section(replicates: pd.DataFrame) -> str:
+    """pretraining.md's section on a setting's several pre-trainings (pretrain.per_seed): each
+    one's read of the image, and their mean and spread, which the fine-tuning cells' spread holds."""
+    if replicates.empty:
+        return ""
+    lines = [
+        "",
+        "## Every pre-training of a setting",
+        "",
+        "Each fine-tuning seed starts from a pre-training of its own (`pretrain.per_seed`), so each Table 4 "
+        "cell's spread holds pre-training's. Per pre-training (seed: the setting's own, then the fine-tuning "
+        "seeds'), points of masked words right with the caption's own image over another's:",
+        "",
+        "| setting | seed | " + " | ".join(REPLICATE_COLUMNS) + " |",
+        "|---|---|" + "---|" * len(REPLICATE_COLUMNS),
+    ]
+    for setting in [s for s in SETTINGS if s in set(replicates["setting"])]:
+        runs = replicates[replicates["setting"] == setting].sort_values("seed", na_position="first")
+        values = {name: [read(run) for _, run in runs.iterrows()] for name, read in REPLICATE_COLUMNS.items()}
+        for k, (_, run) in enumerate(runs.iterrows()):
+            seed = "own" if pd.isna(run["seed"]) else str(int(run["seed"]))
+            cells = ["-" if v[k] is None else f"{v[k]:+.1f}" for v in values.values()]
+            lines.append(f"| {setting} | {seed} | " + " | ".join(cells) + " |")
+        summary = []
+        for column in values.values():
+            known = [v for v in column if v is not None]
+            summary.append(f"{np.mean(known):+.1f} ± {np.std(known, ddof=1):.1f}" if len(known) > 1 else "-")
+        lines.append(f"| {setting} | mean ± std | " + " | ".join(summary) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _value(run, key):
