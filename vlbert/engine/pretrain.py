@@ -68,8 +68,8 @@ class PretrainStage(Stage):
     def setup(self) -> None:
         preset, processor, setting = self.preset, self.context.processor, self.setting
         bert, detector_dir = self.context.inputs.bert, self.context.inputs.detector_dir
-        seed, self.options = self.seed, preset["pretrain"]
-        options = self.options
+        seed, options = self.seed, preset["pretrain"]
+        self.options = options
         torch.manual_seed(seed)
         data_root, features_dir = Path(self.context.inputs.data_root), Path(self.context.inputs.features_dir)
         max_rois = preset.get("model", {}).get("max_rois")
