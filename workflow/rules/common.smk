@@ -127,19 +127,18 @@ def task_features_dir(wildcards, seed=None):
     return str(LAYOUT.features)
 
 
-def task_features(wildcards):
-    return [f"{task_features_dir(wildcards)}/{name}.h5" for name in TASK_STORE_NAMES]
+def task_features(wildcards, seed=None):
+    return [f"{task_features_dir(wildcards, seed)}/{name}.h5" for name in TASK_STORE_NAMES]
 
 
 def seeds_features_dirs(wildcards):
     """finetune's --features for the setting's seeds: one folder, or one for each seed."""
     dirs = [task_features_dir(wildcards, seed) for seed in PRETRAINING_SEEDS]
-    return " ".join(dict.fromkeys(dirs)) if len(set(dirs)) == 1 else " ".join(dirs)
+    return dirs[0] if len(set(dirs)) == 1 else " ".join(dirs)
 
 
 def seeds_task_features(wildcards):
-    return [f"{task_features_dir(wildcards, seed)}/{name}.h5"
-            for seed in dict.fromkeys(PRETRAINING_SEEDS) for name in TASK_STORE_NAMES]
+    return [path for seed in dict.fromkeys(PRETRAINING_SEEDS) for path in task_features(wildcards, seed)]
 
 
 # The scheduler's priorities: the job whose chain (pretrain [-> tune_features] -> sweep -> seeds)
