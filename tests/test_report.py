@@ -361,6 +361,39 @@ def test_runs_on_a_share_of_the_training_set_get_their_own_table_and_stay_out_of
     assert (report / "figures" / "data_fractions.png").stat().st_size > 10_000
 
 
+def test_refcoco_is_reported_on_both_tracks_per_test_split_beside_the_paper(tmp_path, monkeypatch):
+    """refcoco.md: every setting's RefCOCO+ on the detected regions and the ground-truth boxes,
+    testA and testB apart, what the detector costs, and the ground-truth track's own controls."""
+    store = Store(tmp_path)
+    for setting, score in SCORES.items():
+        for task in TABLE4_TASKS:
+            for seed in (0, 1):
+                store.run(setting, task, seed, score + seed, test_n=1000)
+        for seed in (0, 1):  # the ground-truth boxes: 6 points over the detected regions
+            store.run(
+                setting,
+                "refcoco_gt",
+                seed,
+                score + 6.0 + seed,
+                test_n=1000,
+                test_accuracy_testA=score + 9.0,
+                test_accuracy_testB=score + 3.0,
+                test_shuffled_images_accuracy=25.0,
+                test_accuracy_rare=10.0,
+                test_accuracy_seen=80.0,
+            )
+    report = _report(store, tmp_path, monkeypatch)
+    text = (report / "refcoco.md").read_text()
+    rows = {row.split("|")[1].strip(): row for row in text.splitlines() if row.startswith("| ")}
+    # full: detected 60.5 (no testA/testB logged), ground truth testA 69.0, testB 63.0, both 66.5
+    assert "| full | — | — | 60.5 ± 0.7 | 69.0 | 63.0 | 66.5 ± 0.7 | +6.0 |" in text
+    assert "| paper (arXiv v1): VL-BERT_BASE | 77.6 | 60.6 | — | 81.3 | 71.2 | — | — |" in text  # arXiv v1
+    # the ground-truth controls: SE sqrt(.665 * .335 / 1000), share 66.5 - 25.0
+    assert "| full | 66.5 | 1.5 | 25.0 | 41.5 | 10.0 | 80.0 |" in text
+    assert list(rows)[:7] == ["setting", *SCORES]
+    assert (report / "refcoco.csv").read_text().startswith("setting,")
+
+
 def _strict_json(path):
     """JSON as the standard has it: Python's own parser takes bare NaN and Infinity tokens."""
 

@@ -98,6 +98,15 @@ def test_smoke_study_writes_the_report(smoke_run):
     controls = pd.read_csv(report / "table4_controls.csv")
     assert len(controls) == 6 * len(registry.TABLE4_TASKS) and controls["shuffled"].notna().all()
     assert controls["floor"].notna().all() and controls["se"].notna().all()
+    # RefCOCO+'s two tracks, per test split, for every setting
+    refcoco = pd.read_csv(report / "refcoco.csv")
+    assert len(refcoco) == len(SETTINGS)
+    assert (
+        refcoco[[f"{track}_{split}" for track in ("refcoco_det", "refcoco_gt") for split in ("testA", "testB")]]
+        .notna()
+        .all()
+        .all()
+    )
     systems = (report / "systems.md").read_text()
     for setting in ("no_pretrain", "c", "full", "vilbert_no_pretrain", "vilbert", "pixelbert_no_sampling"):
         assert f"| {setting} |" in systems, setting

@@ -11,6 +11,8 @@ rule report:
         csv=f"{LAYOUT.reports}/table4.csv",
         controls=report(f"{LAYOUT.reports}/table4_controls.md", caption="../report/table4_controls.rst", category="Table 4"),
         controls_csv=f"{LAYOUT.reports}/table4_controls.csv",
+        refcoco=report(f"{LAYOUT.reports}/refcoco.md", caption="../report/refcoco.rst", category="Table 4"),
+        refcoco_csv=f"{LAYOUT.reports}/refcoco.csv",
         tex=f"{LAYOUT.reports}/table4.tex",
         findings=report(f"{LAYOUT.reports}/findings.md", caption="../report/findings.rst", category="Findings"),
         runs=f"{LAYOUT.reports}/runs.csv",

@@ -5,7 +5,8 @@ prediction artifacts of each seed's Q->A and QA->R runs), so the report says wha
 The paper's numbers come from vlbert/reference/paper_numbers.yaml, with their provenance.
 
 read.py reads the runs, statistics.py computes Table 4 and the findings, render.py writes the text
-files and figures.py the figures, systems.py the three systems' table; `write_report` below runs
+files and figures.py the figures, systems.py the three systems' table, refcoco.py RefCOCO+'s two
+tracks per test split; `write_report` below runs
 them in that order.
 """
 
@@ -33,6 +34,7 @@ from .read import (
     vcr_predictions,
     vcr_question_kinds,
 )
+from .refcoco import write_refcoco
 from .render import (
     ground_truth_table,
     grounding_lines,
@@ -111,6 +113,7 @@ def write_report(
         figure_fractions(fractions, out / "figures" / "data_fractions.png")
     if not derived.empty:
         write_q2ar(derived, out, by_kind)
+    write_refcoco(finetunes, paper, out)
     results = findings(table, paper)
     write_findings(results, out)
     systems_findings = write_systems(table, paper, finetunes, out, floors)

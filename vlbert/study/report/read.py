@@ -46,8 +46,9 @@ GROUNDING_KINDS = ("colour", "shape", "size")
 GROUNDING_PREFIXES = (val_metric("ground_"), val_metric("attention_img_"))
 
 
-# Figures of the reported split beside its accuracy, where a task scores them.
-SUBSET_METRICS = ("pair_accuracy", "accuracy_rare", "accuracy_seen")
+# Figures of the reported split beside its accuracy, where a task scores them (RefCOCO+'s test
+# split is testA and testB).
+SUBSET_METRICS = ("pair_accuracy", "accuracy_rare", "accuracy_seen", "accuracy_testA", "accuracy_testB")
 
 
 def paper_numbers() -> dict:
