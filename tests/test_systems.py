@@ -235,3 +235,36 @@ def test_pixel_bert_pre_trains_with_standardised_pixels_and_a_curriculum(
     assert "ground_colour_own" in summary["val"]
     config = json.loads((tmp_path / "pretrain" / "best" / "config.json").read_text())
     assert config["pixel_standardise"] is True
+
+
+def test_pixel_sampling_starts_after_its_warmup_epochs(smoke_study, smoke_config, tmp_path):
+    """model.pixelbert.pixel_sampling_warmup_epochs: pre-training's first epochs keep every pixel
+    token, the later ones sample the preset's count; a warm-up as long as pre-training is refused."""
+    import copy
+
+    import torch
+
+    from vlbert.engine.build import load_processor
+    from vlbert.engine.context import RunInputs, TrainingContext
+    from vlbert.engine.pretrain import PretrainStage
+    from vlbert.tracking import NullTracker
+
+    preset = copy.deepcopy(smoke_config)
+    preset["pretrain"]["epochs"] = 2
+    preset["model"]["pixelbert"]["pixel_sampling_warmup_epochs"] = 1
+    samples = preset["model"]["pixelbert"]["pixel_samples"]
+    inputs = RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"])
+    processor = load_processor(smoke_study["bert"], 40)
+    context = TrainingContext(preset, inputs, processor, NullTracker(), progress=False)
+    stage = PretrainStage(context, SETTINGS["pixelbert"], tmp_path / "pretrain")
+    stage.setup()
+    kept = []
+    stage.model.pixelbert.register_forward_hook(lambda module, args, out: kept.append(out.pixels.mask.shape[1]))
+    stage.model.train()
+    with torch.no_grad():
+        for epoch in (0, 1):
+            stage.model(**stage.make_batch(epoch, 0)["caption"])
+    assert kept[1] == samples < kept[0]  # the warm-up epoch kept every pixel token
+    preset["model"]["pixelbert"]["pixel_sampling_warmup_epochs"] = 2
+    with pytest.raises(ValueError, match="would never sample its pixels"):
+        PretrainStage(context, SETTINGS["pixelbert"], tmp_path / "again").setup()

@@ -94,6 +94,13 @@ class PretrainStage(Stage):
             image_paths=(c.image_path for c in captions.captions),
         )
         self.model = model.to(self.device)
+        # Pixel-BERT's first epochs without pixel sampling (pixel_sampling_warmup_epochs).
+        self.sampling_warmup = getattr(model.config, "pixel_sampling_warmup_epochs", 0)
+        if getattr(model.config, "pixel_samples", 0) and self.sampling_warmup >= int(options["epochs"]):
+            raise ValueError(
+                f"model.pixelbert.pixel_sampling_warmup_epochs ({self.sampling_warmup}) must be under "
+                f"pretrain.epochs ({options['epochs']}): {setting.name} would never sample its pixels"
+            )
         val = CaptionDataset(
             data_root / "conceptual_captions", val_store.split, open_store(features_dir, val_store), max_rois
         )
@@ -137,6 +144,8 @@ class PretrainStage(Stage):
         else:
             picks = epoch_order(len(captions), seed, epoch)[b * batch_size : (b + 1) * batch_size]
         batch = {"caption": self.collate([captions[i] for i in picks], batch_generator(seed, epoch, b))}
+        if epoch < self.sampling_warmup:
+            batch["caption"]["pixel_samples"] = 0  # every pixel token this step
         if corpus is not None:  # the text-only corpus, 1:1 with the captions in every step
             text_order = epoch_order(len(corpus), seed, epoch, "text")
             picks = [text_order[(b * batch_size + k) % len(corpus)] for k in range(batch_size)]

@@ -24,6 +24,9 @@ class PixelBertConfig(VLBertConfig):
     pixel_samples: pixel tokens kept per image in pre-training, a fresh random draw each step (the
         paper keeps 100 of a ResNet-50 map's ~260); 0: no sampling. Only PixelBertForPreTraining
         samples, and only in train mode.
+    pixel_sampling_warmup_epochs: pre-training's first epochs keep every pixel token; sampling
+        (pixel_samples) starts after them. Read by the pre-training stage, which tells the model
+        each step's count (`PixelBertForPreTraining.forward`'s `pixel_samples`).
     pixel_pool: the paper's 2x2 max-pool after the pixel embedding's 3x3 conv. True, False, or
         None: where the map is large enough, i.e. when the CNN's map of an image at `image_min_size`
         has at least `POOL_MIN_SIDE` (16) cells on its shorter side, so that the pooled map keeps
@@ -65,6 +68,7 @@ class PixelBertConfig(VLBertConfig):
     def __init__(
         self,
         pixel_samples: int = 0,
+        pixel_sampling_warmup_epochs: int = 0,
         pixel_pool: bool | None = None,
         pixel_standardise: bool = False,
         pixel_whiten: bool = False,
@@ -80,6 +84,10 @@ class PixelBertConfig(VLBertConfig):
             raise ValueError(f"PixelBertConfig.cnn must be one of {', '.join(CNNS)}, got {cnn!r}")
         if pixel_samples < 0:
             raise ValueError(f"PixelBertConfig.pixel_samples must be >= 0, got {pixel_samples}")
+        if pixel_sampling_warmup_epochs < 0:
+            raise ValueError(
+                f"PixelBertConfig.pixel_sampling_warmup_epochs must be >= 0, got {pixel_sampling_warmup_epochs}"
+            )
         if pixel_standardise and pixel_whiten:
             raise ValueError(
                 "PixelBertConfig: pixel_standardise and pixel_whiten are two ways to scale the map; set one"
@@ -89,6 +97,7 @@ class PixelBertConfig(VLBertConfig):
         self.cnn_trainable_layers = cnn_trainable_layers
         self.c5_dilation = c5_dilation
         self.pixel_samples = pixel_samples
+        self.pixel_sampling_warmup_epochs = pixel_sampling_warmup_epochs
         self.pixel_pool = pixel_pool
         self.pixel_standardise = pixel_standardise
         self.pixel_whiten = pixel_whiten

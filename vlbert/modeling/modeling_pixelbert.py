@@ -557,13 +557,16 @@ class PixelBertForPreTraining(PixelBertPreTrainedModel):
         text_only=None,
         mlm_labels=None,
         relation_labels=None,
+        pixel_samples: int | None = None,
         **_,
     ):
         """As VLBertForPreTraining's (roi_positions, roi_labels taken, and not used). With
         mlm_labels, mlm_logits holds the masked positions in the order of
-        `mlm_labels[mlm_labels != -100]`; without, [B, T, V] over the text slots."""
+        `mlm_labels[mlm_labels != -100]`; without, [B, T, V] over the text slots. pixel_samples:
+        this step's pixel tokens kept per image (None: config.pixel_samples; 0: every one)."""
         # Random pixel sampling in pre-training's steps only: evaluation sees every pixel.
-        sample = self.config.pixel_samples if self.training else 0
+        step_samples = self.config.pixel_samples if pixel_samples is None else pixel_samples
+        sample = step_samples if self.training else 0
         out = self.pixelbert(
             input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, sample_pixels=sample
         )
