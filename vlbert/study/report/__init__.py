@@ -6,8 +6,7 @@ The paper's numbers come from vlbert/reference/paper_numbers.yaml, with their pr
 
 read.py reads the runs, statistics.py computes Table 4 and the findings, render.py writes the text
 files and figures.py the figures, systems.py the three systems' table, refcoco.py RefCOCO+'s two
-tracks per test split; `write_report` below runs
-them in that order.
+tracks per test split; `write_report` below runs them in that order.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ... import io
 from ...layout import Layout
 from ...registry import TASKS
 from .figures import figure_bars, figure_fractions, figure_grounding, figure_heatmap, figure_pretraining, figure_sweeps
@@ -88,7 +88,8 @@ def write_report(
     runs = collect_runs(uri, experiment)
     if runs.empty:
         raise ValueError(f"MLflow experiment {experiment!r} has no runs yet")
-    runs.sort_values(["stage", "setting", "task", "seed"], na_position="last").to_csv(out / "runs.csv", index=False)
+    ordered = runs.sort_values(["stage", "setting", "task", "seed"], na_position="last")
+    io.write_text(out / "runs.csv", ordered.to_csv(index=False))
     every_finetune, finetune_notes = latest_results(runs, "finetune")
     # Runs on a share of a training set (data_fractions.md) stay out of every other table.
     finetunes = every_finetune[every_finetune["train_fraction"] == 1]

@@ -123,5 +123,5 @@ def write_refcoco(finetunes: pd.DataFrame, paper: dict, out: Path) -> pd.DataFra
     table = refcoco_table(finetunes)
     if not table.empty:
         io.write_text(Path(out) / "refcoco.md", "\n".join(refcoco_lines(table, paper)) + "\n")
-        table.to_csv(Path(out) / "refcoco.csv", index=False)
+        io.write_text(Path(out) / "refcoco.csv", table.to_csv(index=False))
     return table

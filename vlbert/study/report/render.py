@@ -108,7 +108,7 @@ def write_tables(
     if notes:
         note += "\n\nNotes on the runs behind these figures:\n\n" + "\n".join(f"- {line}" for line in notes)
     io.write_text(out / "table4.md", "# Table 4: pre-training ablation\n\n" + "\n".join(lines) + "\n" + note + "\n")
-    pd.DataFrame(csv_rows).to_csv(out / "table4.csv", index=False)
+    io.write_text(out / "table4.csv", pd.DataFrame(csv_rows).to_csv(index=False))
     tex = [
         "\\begin{tabular}{l" + "c" * (2 * len(TABLE4_TASKS)) + "}",
         "\\toprule",
@@ -180,7 +180,7 @@ def write_controls(controls: pd.DataFrame, floors: dict, out: Path) -> None:
         figures = roles.get("reported", {})
         lines.append(f"- {TASKS[task].title}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
     io.write_text(out / "table4_controls.md", "\n".join(lines) + "\n")
-    controls.to_csv(out / "table4_controls.csv", index=False)
+    io.write_text(out / "table4_controls.csv", controls.to_csv(index=False))
 
 
 def write_fractions(fractions: pd.DataFrame, out: Path) -> None:
@@ -207,7 +207,7 @@ def write_fractions(fractions: pd.DataFrame, out: Path) -> None:
             f"| {gap} | {noise} | {beyond} |"
         )
     io.write_text(out / "data_fractions.md", "\n".join(lines) + "\n")
-    fractions.to_csv(out / "data_fractions.csv", index=False)
+    io.write_text(out / "data_fractions.csv", fractions.to_csv(index=False))
 
 
 def write_findings(results: list[dict], out: Path) -> None:

@@ -132,7 +132,7 @@ def write_systems(
         notes += ["", *size_lines(sizes)]
     notes += ["", *volta_lines(paper)]
     io.write_text(out / "systems.md", "# The three systems under one protocol\n\n" + "\n".join(lines + notes) + "\n")
-    pd.DataFrame(csv_rows).to_csv(out / "systems.csv", index=False)
+    io.write_text(out / "systems.csv", pd.DataFrame(csv_rows).to_csv(index=False))
     tex = [
         "\\begin{tabular}{ll" + "c" * len(TABLE4_TASKS) + "}",
         "\\hline",
