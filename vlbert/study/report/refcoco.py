@@ -17,6 +17,7 @@ import pandas as pd
 from ... import io
 from ...evaluation.floors import accuracy_se
 from ...registry import SETTINGS, TASKS
+from .render import _cell
 from .statistics import MISSING
 
 # The two tracks, in the paper's order: its detected regions first (Table 4's column).
@@ -59,12 +60,6 @@ def _mean(value) -> str:
     return MISSING if pd.isna(value) else f"{value:.1f}"
 
 
-def _spread(mean, std, n) -> str:
-    if pd.isna(mean):
-        return MISSING
-    return f"{mean:.1f}" + ("" if pd.isna(std) else f" ± {std:.1f}") + (" (n=1)" if n == 1 else "")
-
-
 def refcoco_lines(table: pd.DataFrame, paper: dict) -> list[str]:
     det, gt = (TASKS[t].title for t in TRACKS)
     lines = [
@@ -84,7 +79,7 @@ def refcoco_lines(table: pd.DataFrame, paper: dict) -> list[str]:
         cells = []
         for track in TRACKS:
             cells += [_mean(row[f"{track}_{split}"]) for split in TEST_SPLITS]
-            cells.append(_spread(row[f"{track}_test"], row[f"{track}_std"], row[f"{track}_n"]))
+            cells.append(_cell(row[f"{track}_test"], row[f"{track}_std"], row[f"{track}_n"]))
         lines.append(
             f"| {row['setting']} | " + " | ".join(cells) + f" | {MISSING if pd.isna(gap) else f'{gap:+.1f}'} |"
         )
