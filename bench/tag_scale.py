@@ -69,11 +69,12 @@ def preset_with_switch(preset: Path, on: bool, folder: Path) -> Path:
     return path
 
 
-def fine_tune(args, checkpoint: str, on: bool, out: Path) -> list[dict]:
-    """One run per seed, each in out/seed<N> (those without metrics run), then every seed's metrics."""
+def fine_tune(args, checkpoint: str, preset: Path, out: Path, label: str) -> list[dict]:
+    """One run of args.task per seed from `checkpoint` with `preset`, each in out/seed<N> (those
+    without metrics run), then every seed's metrics; `label` names the variant in an error.
+    bench/refcoco_plateau.py runs its variants with it too."""
     from vlbert.cli import main
 
-    preset = preset_with_switch(args.config, on, args.out / "presets")
     for seed in args.seeds:
         if (out / f"seed{seed}" / "metrics.json").exists():
             continue
@@ -85,7 +86,7 @@ def fine_tune(args, checkpoint: str, on: bool, out: Path) -> list[dict]:
         if args.features:
             command += ["--features", str(args.features)]
         if main(command) != 0:
-            raise SystemExit(f"fine-tuning from {checkpoint} (tags_at_region_scale={on}, seed {seed}) failed")
+            raise SystemExit(f"fine-tuning from {checkpoint} ({label}, seed {seed}) failed")
     return [json.loads((out / f"seed{s}" / "metrics.json").read_text()) for s in args.seeds]
 
 
@@ -111,7 +112,9 @@ def main() -> None:
     for checkpoint in args.pretrained:
         scale = words_scale(start_checkpoint(checkpoint, args.setting, preset))
         for on in (False, True):
-            for metrics in fine_tune(args, checkpoint, on, run_folder(args, checkpoint, on)):
+            preset = preset_with_switch(args.config, on, args.out / "presets")
+            runs = fine_tune(args, checkpoint, preset, run_folder(args, checkpoint, on), f"tags_at_region_scale={on}")
+            for metrics in runs:
                 rows.append(
                     {
                         "checkpoint": checkpoint,
@@ -123,16 +126,23 @@ def main() -> None:
                     }
                 )
     runs = pd.DataFrame(rows)
-    runs.to_csv(args.out / "runs.csv", index=False)
-    summary = (
-        runs.groupby(["checkpoint", "words_scale", "tags_at_region_scale"], dropna=False, sort=False)
-        .agg(test_mean=("test", "mean"), test_std=("test", "std"), shuffled_mean=("shuffled", "mean"))
-        .round(2)
-        .reset_index()
+    summary = runs.groupby(["checkpoint", "words_scale", "tags_at_region_scale"], dropna=False, sort=False).agg(
+        test_mean=("test", "mean"), test_std=("test", "std"), shuffled_mean=("shuffled", "mean")
     )
-    summary.to_csv(args.out / "summary.csv", index=False)
+    write_tables(args.out, runs, summary, f"{args.setting} {args.task} at lr {args.lr}, seeds {args.seeds}:")
+
+
+def write_tables(out: Path, runs: pd.DataFrame, summary: pd.DataFrame, title: str, show_runs: bool = False) -> None:
+    """runs.csv and summary.csv (rounded, its groups as columns) in `out`; then the title and the
+    summary (the runs first, with `show_runs`) on the terminal."""
+    summary = summary.round(2).reset_index()
+    out.mkdir(parents=True, exist_ok=True)
+    runs.to_csv(out / "runs.csv", index=False)
+    summary.to_csv(out / "summary.csv", index=False)
     with pd.option_context("display.width", 160, "display.max_colwidth", 60):
-        print(f"{args.setting} {args.task} at lr {args.lr}, seeds {args.seeds}:")
+        print(title)
+        if show_runs:
+            print(runs.to_string(index=False))
         print(summary.to_string(index=False))
 
 

@@ -56,10 +56,36 @@ def test_a_fine_tuning_task_takes_its_head_keys(tmp_path):
     assert load_config(_write(tmp_path, config))["finetune"]["vqa"]["dropout"] == 0.0
 
 
-def test_vcr_alone_takes_centred_candidates(tmp_path):
+def test_a_family_entry_takes_its_rates_and_nothing_of_the_budget(tmp_path):
+    """finetune.<section>.families: a system's own rate and head rate; its epochs stay the section's."""
+    from vlbert.config import finetune_options
+
+    config = _smoke()
+    entry = {"lr": 2e-4, "head_lr_factor": 10, "centre_candidates": True}
+    config["finetune"]["refcoco"]["families"] = {"vilbert": entry}
+    loaded = load_config(_write(tmp_path, config))
+    vilbert = finetune_options(loaded, "refcoco_det", "vilbert")
+    vlbert = finetune_options(loaded, "refcoco_gt", "vlbert")
+    assert {key: vilbert[key] for key in entry} == entry
+    assert vlbert["lr"] == config["finetune"]["refcoco"]["lr"]
+    assert "head_lr_factor" not in vlbert and "centre_candidates" not in vlbert
+    config["finetune"]["refcoco"]["families"]["vilbert"]["epochs"] = 3
+    with pytest.raises(ConfigError, match=r"preset\.yaml: finetune\.refcoco\.families\.vilbert\.epochs: unknown key"):
+        load_config(_write(tmp_path, config))
+    del config["finetune"]["refcoco"]["families"]["vilbert"]["epochs"]
+    config["finetune"]["vqa"]["families"] = {"vilbert": {"centre_candidates": True}}  # no candidates
+    with pytest.raises(
+        ConfigError, match=r"preset\.yaml: finetune\.vqa\.families\.vilbert\.centre_candidates: unknown"
+    ):
+        load_config(_write(tmp_path, config))
+
+
+def test_vcr_and_refcoco_alone_take_centred_candidates(tmp_path):
     config = _smoke()
     config["finetune"]["vcr"]["centre_candidates"] = True
-    assert load_config(_write(tmp_path, config))["finetune"]["vcr"]["centre_candidates"] is True
+    config["finetune"]["refcoco"]["centre_candidates"] = True
+    loaded = load_config(_write(tmp_path, config))
+    assert loaded["finetune"]["vcr"]["centre_candidates"] is loaded["finetune"]["refcoco"]["centre_candidates"] is True
     config["finetune"]["vqa"]["centre_candidates"] = True  # VQA has no candidates to centre
     with pytest.raises(ConfigError, match=r"preset\.yaml: finetune\.vqa\.centre_candidates: unknown key"):
         load_config(_write(tmp_path, config))

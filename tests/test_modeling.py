@@ -766,6 +766,28 @@ def test_centred_candidates_score_only_what_tells_a_question_s_candidates_apart(
     assert torch.allclose(centred, classifier(grouped - grouped.mean(1, keepdim=True)).squeeze(-1), atol=1e-6)
 
 
+def test_centred_regions_score_only_what_tells_an_image_s_candidate_regions_apart():
+    from vlbert.modeling.heads import centre_regions, task_classifier
+
+    torch.manual_seed(0)
+    classifier = task_classifier(tiny_config(), 1).eval()
+    states = torch.randn(2, 5, 16)
+    roi_positions = torch.tensor([[-1, 7, 8, 9, -1], [-1, 4, 5, -1, -1]])  # row 0 and padding: not candidates
+    shared = torch.randn(2, 1, 16)  # what the expression puts in every region of its image
+    centred = centre_regions(states, roi_positions)
+    candidates = roi_positions >= 0
+    assert torch.equal(centred[~candidates], torch.zeros(int((~candidates).sum()), 16))
+    assert torch.allclose(centred.sum(1), torch.zeros(2, 16), atol=1e-6)
+    assert torch.allclose(centre_regions(states + shared, roi_positions), centred, atol=1e-6)
+    scores = classifier(centred).squeeze(-1)[candidates]
+    assert torch.allclose(
+        classifier(centre_regions(states + shared, roi_positions)).squeeze(-1)[candidates], scores, atol=1e-5
+    )
+    assert not torch.allclose(
+        classifier(states + shared).squeeze(-1)[candidates], classifier(states).squeeze(-1)[candidates]
+    )
+
+
 def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, regions, processor):
     images, results = regions
     question = [Word("how"), Word("does"), Word("circle", roi=1), Word("feel"), Word("?")]

@@ -78,6 +78,9 @@ def validate(config: dict, source: str = "<config>") -> None:
         while error.context:
             error = min(error.context, key=lambda e: len(e.absolute_path))
         raise ConfigError(f"{source}: {_describe(error)}")
+    for family, entry in config.get("finetune", {}).get("vqa", {}).get("families", {}).items():
+        if "centre_candidates" in entry:  # the schema's family entry is every section's
+            raise ConfigError(f"{source}: finetune.vqa.families.{family}.centre_candidates: unknown key")
     if "root" in config["data"]:
         check_output(config["data"]["root"], "data.root", source)
     if config.get("pretrain", {}).get("per_seed") and study_seeds(config)[0] != config["seed"]:
@@ -221,10 +224,10 @@ def pretrain_curriculum(config: dict, setting_name: str) -> dict | None:
 
 def finetune_options(config: dict, task_name: str, family: str | None = None) -> dict:
     """The task's section of `finetune` (optimiser, schedule, epochs, batch size); for a model
-    `family`, with its `families.<family>` entry's rate (and ViLBERT's `tag_coattention_mask`) in
-    place of the section's (the schema admits nothing else there: the epochs, which
-    `finetune_epochs` reads without a family, are every system's). The `families` entry itself is
-    not among the options."""
+    `family`, with its `families.<family>` entry's rates and head (`lr`, `head_lr_factor`,
+    `centre_candidates`; and ViLBERT's `tag_coattention_mask`) in place of the section's (the
+    schema admits nothing else there: the epochs, which `finetune_epochs` reads without a family,
+    are every system's). The `families` entry itself is not among the options."""
     section = config["finetune"][task(task_name).options_key]
     own = section.get("families", {}).get(family, {}) if family is not None else {}
     return {**{key: value for key, value in section.items() if key != "families"}, **own}

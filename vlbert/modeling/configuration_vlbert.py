@@ -37,7 +37,8 @@ class VLBertConfig(BertConfig):
     standardise_head_input: a task head standardises its input per feature with statistics of
         the fine-tuning set, stored with the weights (`vlbert.engine.head_input` takes them).
     centre_candidates: a multiple-choice head (VCR) reads each candidate's state minus the mean
-        of its question's candidates: what tells them apart, without the part they share.
+        of its question's candidates, a RefCOCO+ head each candidate region's minus the mean of
+        its expression's candidate regions: what tells them apart, without the part they share.
     classifier_dropout: a task head's dropout (transformers' BertConfig field); None: hidden_dropout_prob.
     """
 

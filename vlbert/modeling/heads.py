@@ -109,6 +109,16 @@ def candidate_logits(classifier: nn.Module, states: torch.Tensor, num_choices: i
     return classifier(states).view(-1, num_choices)
 
 
+def centre_regions(states: torch.Tensor, roi_positions: torch.Tensor) -> torch.Tensor:
+    """[B, R, H] region states to each candidate's state minus the mean of its item's candidates
+    (rows whose roi_positions are >= 0); zeros elsewhere, as the padding the head's statistics
+    leave out. What tells an image's regions apart, without the part they share (the expression,
+    the image), which after pre-training can outweigh it many times."""
+    candidates = (roi_positions >= 0).unsqueeze(-1).to(states.dtype)
+    mean = (states * candidates).sum(1, keepdim=True) / candidates.sum(1, keepdim=True).clamp(min=1)
+    return (states - mean) * candidates
+
+
 def task_classifier(config: VLBertConfig, outputs: int) -> nn.Sequential:
     # As transformers' BertForSequenceClassification: its classifier_dropout, else the hidden dropout.
     dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob

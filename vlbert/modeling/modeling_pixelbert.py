@@ -51,6 +51,7 @@ from .heads import (
     VLBertPreTrainingOutput,
     VLBertTaskOutput,
     candidate_logits,
+    centre_regions,
     referring_loss,
     relation_loss,
     task_classifier,
@@ -686,6 +687,8 @@ class PixelBertForRefCOCO(PixelBertPreTrainedModel):
         # aligned: cell i covers [i, i + 1) on the map, its centre at i + 0.5, as box corners need.
         pooled = roi_align(pixel_map, list(boxes), ROI_SIZE, spatial_scale=1.0, sampling_ratio=2, aligned=True)
         box_hidden = pooled.mean((2, 3)).view(*boxes.shape[:2], -1)
+        if self.config.centre_candidates:
+            box_hidden = centre_regions(box_hidden, roi_positions)
         logits = self.classifier(box_hidden).squeeze(-1)
         logits = logits.masked_fill(roi_positions < 0, -math.inf)
         losses = {}

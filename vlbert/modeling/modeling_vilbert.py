@@ -43,6 +43,7 @@ from .heads import (
     VLBertPreTrainingOutput,
     VLBertTaskOutput,
     candidate_logits,
+    centre_regions,
     referring_loss,
     relation_loss,
     task_classifier,
@@ -411,7 +412,10 @@ class ViLBertForRefCOCO(ViLBertPreTrainedModel):
         """roi_positions [B, R]: >= 0 for the candidate rows (VLBertForRefCOCO's meaning);
         roi_targets as VLBertForRefCOCO's."""
         outputs = self.vilbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = self.classifier(outputs.regions).squeeze(-1)
+        regions = outputs.regions
+        if self.config.centre_candidates:
+            regions = centre_regions(regions, roi_positions)
+        logits = self.classifier(regions).squeeze(-1)
         logits = logits.masked_fill(roi_positions < 0, -math.inf)
         losses = {}
         if roi_targets is not None:

@@ -35,6 +35,7 @@ from .heads import (
     VLBertPreTrainingOutput,
     VLBertTaskOutput,
     candidate_logits,
+    centre_regions,
     masked_roi_loss,
     referring_loss,
     relation_loss,
@@ -377,7 +378,10 @@ class VLBertForRefCOCO(VLBertPreTrainedModel):
         """roi_targets: [B, R] 1 where the RoI overlaps the referent with IoU >= 0.5, 0 elsewhere,
         -1 for rows that are not candidates (padding, the whole image)."""
         hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = self.classifier(self.roi_hidden(hidden, roi_positions)).squeeze(-1)
+        regions = self.roi_hidden(hidden, roi_positions)
+        if self.config.centre_candidates:
+            regions = centre_regions(regions, roi_positions)
+        logits = self.classifier(regions).squeeze(-1)
         logits = logits.masked_fill(roi_positions < 0, -math.inf)
         losses = {}
         if roi_targets is not None:

@@ -1,0 +1,66 @@
+"""bench/refcoco_plateau.py's reading of a run and its other-expression pairs, on hand-made items."""
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "refcoco_plateau.py"
+
+
+def _bench():
+    if str(BENCH.parent) not in sys.path:  # as `python bench/refcoco_plateau.py` has it: tag_scale beside it
+        sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("refcoco_plateau", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_run_leaves_the_plateau_at_its_first_epoch_over_the_mark_or_never():
+    bench = _bench()
+    history = [{"accuracy": a} for a in (21.0, 39.9, 40.0, 66.0)]
+    assert bench.exit_epoch({"val_history": history}, 40.0) == 3
+    assert bench.exit_epoch({"val_history": history[:2]}, 40.0) is None
+
+
+def test_an_expression_is_swapped_only_for_another_referent_of_its_own_image():
+    bench = _bench()
+
+    def item(image, text, target_row):
+        targets = torch.tensor([-1, 0, 0, 0])
+        targets[target_row] = 1
+        return {"regions": SimpleNamespace(image_path=image), "text": text, "targets": targets}
+
+    examples = [item("a.jpg", "red circle", 1), item("a.jpg", "red one", 1), item("a.jpg", "blue star", 2)]
+    examples.append(item("b.jpg", "green square", 1))  # the only expression of its image
+    swapped, kept = bench.with_another_expression(examples)
+    assert kept == [0, 1, 2]
+    assert [e["text"] for e in swapped] == ["blue star", "blue star", "red circle"]
+    assert all(s["regions"] is examples[k]["regions"] for s, k in zip(swapped, kept))
+
+
+def test_a_head_is_a_rate_factor_and_optionally_centred_candidates():
+    bench = _bench()
+    assert bench.parse_head("1") == (1.0, False)
+    assert bench.parse_head("10+centre") == (10.0, True)
+    with pytest.raises(SystemExit, match=r"--heads 10\+center"):
+        bench.parse_head("10+center")
+
+
+def test_the_tables_are_written_and_the_summary_printed(tmp_path, capsys):
+    import pandas as pd
+
+    bench = _bench()
+    runs = pd.DataFrame({"head": ["1", "1", "10+centre"], "test": [50.0, 60.0, 62.004]})
+    summary = runs.groupby("head").agg(test_mean=("test", "mean"))
+    bench.write_tables(tmp_path / "out", runs, summary, "refcoco_det:", show_runs=True)
+    assert pd.read_csv(tmp_path / "out" / "summary.csv").to_dict("list") == {
+        "head": ["1", "10+centre"],
+        "test_mean": [55.0, 62.0],
+    }
+    assert len(pd.read_csv(tmp_path / "out" / "runs.csv")) == 3
+    assert capsys.readouterr().out.startswith("refcoco_det:\n")
