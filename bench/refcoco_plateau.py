@@ -129,9 +129,11 @@ def preset_with_head(args, family: str, head: str) -> Path:
 
 
 def fine_tune_head(args, family: str, checkpoint: str, head: str) -> list[dict]:
-    """One run per seed (those without metrics run), in a folder named by everything that makes it."""
+    """One run per seed (those without metrics run), in a folder named by everything that makes it
+    (the preset's text included: a run of an edited preset is not read in its place)."""
     start = checkpoint if checkpoint == DEFAULT else str(Path(checkpoint).resolve())
-    key = hashlib.sha256(f"{args.setting}|{args.lr}|{args.features}|{start}".encode()).hexdigest()[:10]
+    made_of = f"{args.setting}|{args.lr}|{args.features}|{start}|{args.config.read_text()}"
+    key = hashlib.sha256(made_of.encode()).hexdigest()[:10]
     out = args.out / f"{args.setting}_lr{args.lr:g}_{key}" / f"head_{head}"
     return fine_tune(args, checkpoint, preset_with_head(args, family, head), out, f"head {head}")
 
