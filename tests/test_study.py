@@ -43,6 +43,38 @@ def test_no_file_the_dag_writes_is_committed():
     assert presets and not [path for path in tracked if path.startswith(tuple(outputs))]
 
 
+def _rule_threads() -> dict[str, str]:
+    """Each workflow rule's `threads:` as written (a `use rule ... as ... with:` inherits its source's)."""
+    threads, sources = {}, {}
+    for path in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        text = path.read_text()
+        for match in re.finditer(r"^(?:rule (\w+):|use rule (\w+) as (\w+) with:)\n((?:[ \t]+.*\n|\n)*)", text, re.M):
+            name = match.group(1) or match.group(3)
+            declared = re.search(r"^\s+threads: (.+)$", match.group(4), re.M)
+            if declared:
+                threads[name] = declared.group(1).strip()
+            if match.group(2):
+                sources[name] = match.group(2)
+    for name, source in sources.items():
+        threads.setdefault(name, threads.get(source, "1"))
+    return threads
+
+
+def test_the_default_profile_runs_every_job_on_one_thread():
+    """A job that takes both cores of a 2-core laptop runs alone: the per-seed pre-trainings, before
+    the profile named them, ran one at a time with nothing beside them for 45 of a Table 4 run's 128
+    minutes. Every rule that may take more than one thread is named in both profiles."""
+    threads = _rule_threads()
+    assert {"pretrain", "pretrain_seed", "tune_features_seed", "sweep"} <= set(threads)
+    profiles = REPO / "workflow" / "profiles"
+    default = yaml.safe_load((profiles / "default" / "config.yaml").read_text())["set-threads"]
+    slurm = yaml.safe_load((profiles / "slurm" / "config.yaml").read_text())["set-threads"]
+    more_than_one = {name for name, value in threads.items() if value != "1"}
+    assert more_than_one <= set(default), sorted(more_than_one - set(default))
+    assert all(default[name] == 1 for name in more_than_one)
+    assert set(slurm) == set(default)
+
+
 @pytest.mark.slow
 def test_smoke_study_writes_the_report(smoke_run):
     report = smoke_run["dir"] / "reports" / "smoke"
