@@ -10,6 +10,11 @@ two of the larger of the two SEs, the noise the issues judge findings against. T
 of the paper's findings, each per-task judgement behind it, and each data-fraction gap comes out
 the same. The bars: every cell within two SEs of the other run's, and the same findings.
 
+Per system it also prints what the seeds' spread alone predicts for that bar: if two runs of a
+cell differed only by their seeds (each seed its own pre-training, where the preset says so), the
+chance that they land within two SEs of the difference, the count of cells expected within, the
+chance that every cell is, and how many seeds a cell would need for even odds of every cell.
+
     python bench/reproducibility.py reports/reference/mini reports/mini
 """
 
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
+from statistics import NormalDist
 
 import pandas as pd
 
@@ -77,6 +84,34 @@ def compare_cells(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     return both
 
 
+def within_chance(se_diff: float, seed_var: float) -> float:
+    """The chance that two runs whose difference is normal with variance `seed_var` (the seeds' noise)
+    land within two `se_diff` of each other (1 for cells without spread)."""
+    if seed_var <= 0:
+        return 1.0
+    return 2 * NormalDist().cdf(2 * se_diff / math.sqrt(seed_var)) - 1
+
+
+def seeds_for_even_odds(cells: pd.DataFrame, most: int = 1000) -> int | None:
+    """The seeds per cell (in both runs) for an even chance that every cell is within two SEs, given each
+    seed's spread as measured; None if more than `most`."""
+    spread = (cells["std_a"].fillna(0) ** 2 + cells["std_b"].fillna(0) ** 2).tolist()
+    for seeds in range(1, most + 1):
+        if math.prod(within_chance(se, var / seeds) for se, var in zip(cells["se_diff"], spread)) >= 0.5:
+            return seeds
+    return None
+
+
+def expected_from_seeds(cells: pd.DataFrame) -> str:
+    chances = [within_chance(se, sd**2) for se, sd in zip(cells["se_diff"], cells["seed_se_diff"])]
+    needed = seeds_for_even_odds(cells)
+    return (
+        f"from the seeds' spread alone: {sum(chances):.1f} of {len(cells)} cells expected within two SEs, "
+        f"every cell with chance {math.prod(chances):.3f}; even odds of every cell need "
+        f"{needed if needed else 'over 1000'} seeds a cell"
+    )
+
+
 def findings(report: Path, name: str) -> dict:
     path = report / name
     return {f["id"]: f for f in json.loads(path.read_text())} if path.is_file() else {}
@@ -129,6 +164,7 @@ def main() -> None:
             f"{system}: {int(part['within_noise'].sum())} of {len(part)} cells within two of the larger of that SE "
             f"and the seeds' (seed_se_diff)"
         )
+        print(f"{system}: {expected_from_seeds(part)}")
 
     for name in ("findings.json", "systems_findings.json"):
         rows = compare_findings(findings(args.a, name), findings(args.b, name))

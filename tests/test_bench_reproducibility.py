@@ -61,3 +61,29 @@ def test_a_cell_is_judged_against_the_larger_of_its_split_se_and_its_seeds(tmp_p
     assert "vlbert: 22 of 24 cells within two SEs of the difference" in out
     # full within its seeds' noise, a within its split's, b beyond both
     assert "vlbert: 23 of 24 cells within two of the larger of that SE and the seeds' (seed_se_diff)" in out
+
+
+def _bench_module():
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import reproducibility
+    finally:
+        sys.path.pop(0)
+    return reproducibility
+
+
+def test_what_the_seeds_spread_predicts_for_the_bar():
+    bench = _bench_module()
+    assert bench.within_chance(1.0, 0.0) == 1.0
+    assert abs(bench.within_chance(1.0, 1.0) - 0.9545) < 1e-4  # two SEs of a unit normal
+    # One cell, SE of the difference 1, each run's seeds spread 3: at 2 seeds a cell the two runs'
+    # means differ with SD 3 and land within 2 with chance 0.495; at 3 seeds 0.585.
+    cell = pd.DataFrame({"se_diff": [1.0], "std_a": [3.0], "std_b": [3.0]})
+    assert bench.seeds_for_even_odds(cell) == 3
+    # The committed per-seed runs: the seeds' spread alone expects 19 of 24 Table 4 cells within two
+    # SEs (16 were), every one with chance 0.002, and even odds of every cell need 23 seeds a cell.
+    out = run(REFERENCE / "two_threads_per_seed", REFERENCE / "second_machine_per_seed")
+    assert (
+        "vlbert: from the seeds' spread alone: 19.1 of 24 cells expected within two SEs, every cell with chance "
+        "0.002; even odds of every cell need 23 seeds a cell" in out
+    )
