@@ -61,7 +61,7 @@ def test_a_family_entry_takes_its_rates_and_nothing_of_the_budget(tmp_path):
     from vlbert.config import finetune_options
 
     config = _smoke()
-    entry = {"lr": 2e-4, "head_lr_factor": 10, "centre_candidates": True}
+    entry = {"lr": 2e-4, "warmup_steps": 74, "head_lr_factor": 10, "centre_candidates": True}
     config["finetune"]["refcoco"]["families"] = {"vilbert": entry}
     loaded = load_config(_write(tmp_path, config))
     vilbert = finetune_options(loaded, "refcoco_det", "vilbert")
@@ -69,6 +69,7 @@ def test_a_family_entry_takes_its_rates_and_nothing_of_the_budget(tmp_path):
     assert {key: vilbert[key] for key in entry} == entry
     assert vlbert["lr"] == config["finetune"]["refcoco"]["lr"]
     assert "head_lr_factor" not in vlbert and "centre_candidates" not in vlbert
+    assert vlbert["warmup_steps"] == config["finetune"]["refcoco"]["warmup_steps"] != 74
     config["finetune"]["refcoco"]["families"]["vilbert"]["epochs"] = 3
     with pytest.raises(ConfigError, match=r"preset\.yaml: finetune\.refcoco\.families\.vilbert\.epochs: unknown key"):
         load_config(_write(tmp_path, config))

@@ -224,8 +224,8 @@ def pretrain_curriculum(config: dict, setting_name: str) -> dict | None:
 
 def finetune_options(config: dict, task_name: str, family: str | None = None) -> dict:
     """The task's section of `finetune` (optimiser, schedule, epochs, batch size); for a model
-    `family`, with its `families.<family>` entry's rates and head (`lr`, `head_lr_factor`,
-    `centre_candidates`; and ViLBERT's `tag_coattention_mask`) in place of the section's (the
+    `family`, with its `families.<family>` entry's rates and head (`lr`, `warmup_steps`,
+    `head_lr_factor`, `centre_candidates`; and ViLBERT's `tag_coattention_mask`) in place of the section's (the
     schema admits nothing else there: the epochs, which `finetune_epochs` reads without a family,
     are every system's). The `families` entry itself is not among the options."""
     section = config["finetune"][task(task_name).options_key]
