@@ -27,7 +27,7 @@ class ModelFamily:
     model_class: str  # the encoder, AutoModel's class for the family
     # The workflow's scheduling weights (workflow/rules/common.smk): a fine-tuning job and a
     # pre-training run's base, in VL-BERT fine-tuning jobs. Rough ratios of the reference mini run
-    # (reports/reference/mini/README.md, "Where the time goes"); they need only be roughly right.
+    # (docs/history.md, "How long the study takes"); they need only be roughly right.
     finetune_cost: float
     pretrain_cost: float
     system_rows: tuple[str, ...]  # its settings in the systems table, in the table's order

@@ -41,7 +41,7 @@ class PixelBertConfig(VLBertConfig):
         could absorb, so the model is the same and only its learning changes. Colour is 3 to 4% of
         a cell's variance on the mini world (20 to 30% of a detector region's), too small a
         component for masked words to learn to read; whitened, with the CNN frozen in pre-training,
-        it is read (not with the CNN trained: reports/reference/mini/README.md). Not with
+        it is read (not with the CNN trained: reports/reference/mini/levers.md). Not with
         pixel_standardise.
     cnn: "detector": the detector's trunk (its ResNet to C4, then its C5 stage over the whole map),
         initialised from the trained detector by `load_detector`; "resnet50": torchvision's
