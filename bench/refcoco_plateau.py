@@ -7,20 +7,22 @@ in the study, the BERT init for a setting that does not pre-train) this prints
     around their mean (what tells them apart) and how far a region's state moves when the
     expression is another one of the same image (what the text puts there);
   - per head (`--heads`: the head's rate factor, `+centre` for candidate regions centred on their
-    image's mean; the preset's `finetune.refcoco.families.<family>` entry), one RefCOCO+ run a
+    image's mean, `+warmup<steps>` for the run's warm-up, else the section's; the preset's
+    `finetune.refcoco.families.<family>` entry: `10+centre+warmup74`), one RefCOCO+ run a
     seed at one rate: the epoch its val first reaches --exit-at, its best epoch, test and
     shuffled-image accuracy; and per checkpoint and head the mean and spread over the seeds.
 Run it in the study's folder (it reads results/<preset>/ as `vlbert finetune` does); runs already
 done in --out (results/<preset>/bench_refcoco_plateau) are read, not run again.
 
     python bench/refcoco_plateau.py --config experiments/mini.yaml --setting vilbert --lr 5e-4 \
-        --pretrained default results/mini/pretrain/vilbert/seed2/best --heads 1 10 10+centre
+        --pretrained default results/mini/pretrain/vilbert/seed2/best --heads 1 10+centre 10+centre+warmup74
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -107,20 +109,26 @@ def start_model(args, start: Path | None):
     return task.model_class.from_pretrained(start, **overrides, tune_frcnn=False).eval(), task
 
 
-def parse_head(head: str) -> tuple[float, bool]:
-    """`10+centre` -> (10.0, True): the head's rate factor, and whether it reads centred candidates."""
-    factor, _, centre = head.partition("+")
-    if centre not in ("", "centre"):
-        raise SystemExit(f"--heads {head}: a rate factor, optionally followed by +centre")
-    return float(factor), centre == "centre"
+def parse_head(head: str) -> tuple[float, bool, int | None]:
+    """`10+centre+warmup74` -> (10.0, True, 74): the head's rate factor, whether it reads centred
+    candidates, and the run's warm-up steps (None: the section's)."""
+    factor, *options = head.split("+")
+    warmups = [int(o.removeprefix("warmup")) for o in options if re.fullmatch(r"warmup\d+", o)]
+    if any(o != "centre" and not re.fullmatch(r"warmup\d+", o) for o in options) or len(warmups) > 1:
+        raise SystemExit(f"--heads {head}: a rate factor, optionally followed by +centre and +warmup<steps>")
+    return float(factor), "centre" in options, warmups[0] if warmups else None
 
 
 def preset_with_head(args, family: str, head: str) -> Path:
-    """A copy of the preset whose RefCOCO+ section gives `family` this head (the family's entry)."""
-    factor, centre = parse_head(head)
+    """A copy of the preset whose RefCOCO+ section gives `family` this head and warm-up (the
+    family's entry; without +warmup the section's warm-up, not the entry's)."""
+    factor, centre, warmup = parse_head(head)
     config = yaml.safe_load(args.config.read_text())
     entry = config["finetune"]["refcoco"].setdefault("families", {}).setdefault(family, {})
     entry |= {"head_lr_factor": factor, "centre_candidates": centre}
+    entry.pop("warmup_steps", None)
+    if warmup is not None:
+        entry["warmup_steps"] = warmup
     folder = args.out / "presets"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"preset_{family}_head_{head}.yaml"
@@ -148,7 +156,9 @@ def main() -> None:
     parser.add_argument("--config", type=Path, required=True, help="the study's preset")
     parser.add_argument("--setting", default="vilbert")
     parser.add_argument("--pretrained", nargs="+", default=[DEFAULT], help=f"checkpoint folders, or {DEFAULT}")
-    parser.add_argument("--heads", nargs="+", default=["1", "10+centre"], help="rate factor[+centre]")
+    parser.add_argument(
+        "--heads", nargs="+", default=["1", "10+centre+warmup74"], help="rate factor[+centre][+warmup<steps>]"
+    )
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--exit-at", type=float, default=40.0, help="val accuracy that counts as off the plateau")

@@ -45,10 +45,27 @@ def test_an_expression_is_swapped_only_for_another_referent_of_its_own_image():
 
 def test_a_head_is_a_rate_factor_and_optionally_centred_candidates():
     bench = _bench()
-    assert bench.parse_head("1") == (1.0, False)
-    assert bench.parse_head("10+centre") == (10.0, True)
+    assert bench.parse_head("1") == (1.0, False, None)
+    assert bench.parse_head("10+centre") == (10.0, True, None)
+    assert bench.parse_head("10+centre+warmup74") == (10.0, True, 74)
     with pytest.raises(SystemExit, match=r"--heads 10\+center"):
         bench.parse_head("10+center")
+
+
+def test_a_head_without_warmup_runs_at_the_section_s(tmp_path):
+    """The preset's ViLBERT entry carries its own warm-up; a head named without one takes the
+    section's, so `1` and `10+centre` stay the runs they were measured as."""
+    import argparse
+
+    import yaml
+
+    bench = _bench()
+    args = argparse.Namespace(config=BENCH.parent.parent / "experiments" / "mini.yaml", out=tmp_path)
+    section = yaml.safe_load(args.config.read_text())["finetune"]["refcoco"]
+    assert section["families"]["vilbert"]["warmup_steps"] != section["warmup_steps"]
+    for head, warmup in (("10+centre", None), ("10+centre+warmup74", 74)):
+        entry = yaml.safe_load(bench.preset_with_head(args, "vilbert", head).read_text())["finetune"]["refcoco"]
+        assert entry["families"]["vilbert"].get("warmup_steps") == warmup
 
 
 def test_the_tables_are_written_and_the_summary_printed(tmp_path, capsys):
