@@ -183,8 +183,8 @@ def test_a_trial_stops_at_a_rung_only_where_another_of_its_task_beats_it_beyond_
     early, late = Trial("early", "vcr_q2a"), Trial("late", "vcr_q2a")
     assert report(early, 2, 20.0) == go and report(late, 2, 50.0) == go
     assert report(early, 3, 21.0) == stop and report(late, 3, 51.0) == go
-    # A trial's last epoch ends it, as ASHA's max_t.
-    assert report(high, 10, 60.0) == stop
+    # A trial's last epoch does not stop it: it returns by itself, its last checkpoint saved.
+    assert report(high, 10, 60.0) == go
     # Tasks are never compared with each other.
     other = Trial("other", "vcr_q2a")
     assert report(Trial("vqa_leader", "vqa"), 2, 90.0) == go and report(other, 2, 49.0) == go
@@ -396,6 +396,8 @@ def test_without_rung_stops_every_rate_runs_to_its_end_and_the_best_scores_choos
         assert scheduler.on_trial_result(None, trailer, {METRIC: 30.0, ITEMS: 250, EPOCH_METRIC: epoch}) == (
             TrialScheduler.CONTINUE
         )
+    # Its last epoch ends it by its own return, not by the scheduler.
     assert (
-        scheduler.on_trial_result(None, trailer, {METRIC: 30.0, ITEMS: 250, EPOCH_METRIC: 10}) == TrialScheduler.STOP
+        scheduler.on_trial_result(None, trailer, {METRIC: 30.0, ITEMS: 250, EPOCH_METRIC: 10})
+        == TrialScheduler.CONTINUE
     )

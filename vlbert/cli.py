@@ -15,7 +15,7 @@ PRETRAINED_HELP = f"pre-trained checkpoint (default: {STUDY.pretrained('<setting
 
 
 def _add_device_arguments(p) -> None:
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--device", default="auto", help="auto (a GPU where there is one, else the CPU), cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
 
 
@@ -309,6 +309,10 @@ def main(argv=None) -> int:
     from .tracking import TrackingStoreError
 
     args = build_parser().parse_args(argv)
+    if getattr(args, "device", None) == "auto":
+        from .engine.device import resolve_device
+
+        args.device = resolve_device(args.device)
     # Our own bars say what is going on. transformers takes its default from huggingface_hub's
     # variable when it is imported: set so, commands that never load it do not pay its import.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

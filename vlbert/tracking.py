@@ -82,6 +82,9 @@ class Tracker(Protocol):
 
     def log_params(self, params: dict) -> None: ...
     def log_metrics(self, metrics: dict, step: int | None = None) -> None: ...
+    def log_metric_rows(self, rows: list[tuple[dict, int]]) -> None:
+        """Several steps' metrics at once (`(metrics, step)` each): one write to the store."""
+
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
@@ -106,6 +109,10 @@ class NullTracker:
 
     def log_metrics(self, metrics, step=None):
         pass
+
+    def log_metric_rows(self, rows):
+        for metrics, step in rows:
+            self.log_metrics(metrics, step)
 
     def log_artifact(self, path, artifact_path=None):
         pass
@@ -364,6 +371,16 @@ class MLflowTracker:
         self.client.log_batch(
             self.run_id, metrics=[Metric(k, float(v), now, step or 0) for k, v in _flatten(metrics).items()]
         )
+
+    def log_metric_rows(self, rows: list[tuple[dict, int]]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        entries = [Metric(k, float(v), now, step or 0) for metrics, step in rows for k, v in _flatten(metrics).items()]
+        for start in range(0, len(entries), 1000):  # MLflow's limit of metrics per batch
+            self.client.log_batch(self.run_id, metrics=entries[start : start + 1000])
 
     def log_artifact(self, path, artifact_path: str | None = None) -> None:
         path = Path(path)

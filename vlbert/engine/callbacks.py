@@ -37,6 +37,10 @@ class Callback:
         """After epoch `epoch` (from 0), its validation metrics ({} without validation and on
         processes other than the main one); the epoch's checkpoint is saved after every callback."""
 
+    def on_checkpoint(self, loop) -> None:
+        """Before the loop writes its checkpoint (mid-epoch, and after each epoch's validation): a
+        run resumed from it starts after what the callback has done by now."""
+
     def on_train_end(self, loop) -> None:
         """When `fit` returns, whether every epoch ran or `max_steps` stopped it."""
 
@@ -93,6 +97,7 @@ class Tracking(Callback):
 
     def __init__(self, tracker):
         self.tracker = tracker
+        self._rows: list[tuple[dict, int]] = []  # logged steps not yet written to the store
 
     def on_train_start(self, loop, resumed):
         """Continue the folder's last run if the checkpoint resumed is of its training (one copied
@@ -123,10 +128,29 @@ class Tracking(Callback):
             io.write_json(record, {"run_id": run_id, "identity": trains})
 
     def on_log(self, loop, logs):
+        """Kept until the loop writes a checkpoint (one write to the store then, not one every
+        `log_every` steps): a run resumed from that checkpoint has lost none of its history."""
         if is_main_process():
-            self.tracker.log_metrics(logs, step=loop.state.step)
+            self._rows.append((dict(logs), loop.state.step))
 
     def on_validation_end(self, loop, epoch, metrics):
-        if metrics and is_main_process():
+        """The epoch's rows written now: a sweep's scheduler may end the trial in the callback after."""
+        if not is_main_process():
+            return
+        if metrics:
             logged = {val_metric(k): v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self.tracker.log_metrics(logged | {EPOCH_METRIC: epoch + 1}, step=loop.state.step)
+            self._rows.append((logged | {EPOCH_METRIC: epoch + 1}, loop.state.step))
+        self._flush()
+
+    def on_checkpoint(self, loop):
+        if is_main_process():
+            self._flush()
+
+    def on_train_end(self, loop):
+        if is_main_process():
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            self.tracker.log_metric_rows(self._rows)
+            self._rows = []

@@ -1,10 +1,20 @@
-"""Moving a batch (dicts, lists, VisualInputs, tensors) to the model's device."""
+"""Which device a run takes (`auto`: a GPU where there is one), and moving a batch (dicts, lists,
+VisualInputs, tensors) to it."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import torch
+
+AUTO = "auto"
+
+
+def resolve_device(device: str) -> str:
+    """`auto`: the first CUDA device when torch sees one, else the CPU; any other name as given."""
+    if device != AUTO:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def move_to(obj, device: torch.device, _moved: dict | None = None):

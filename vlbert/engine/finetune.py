@@ -66,7 +66,7 @@ def head_overrides(options: dict, start) -> dict:
     return overrides
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def predict(model, task, examples: list[dict], batch_size: int) -> list[dict]:
     model.eval()
     device = next(model.parameters()).device

@@ -163,7 +163,7 @@ def probe_batches(
         )
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def grounding_probe(
     model, processor, collate, examples: list[dict], batch_size: int = 32, max_examples: int = MAX_EXAMPLES
 ) -> dict:

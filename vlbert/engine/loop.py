@@ -241,6 +241,8 @@ class TrainingLoop:
         return True
 
     def save(self) -> None:
+        for callback in self.callbacks:
+            callback.on_checkpoint(self)
         if is_main_process():
             s = self.state
             save_checkpoint(

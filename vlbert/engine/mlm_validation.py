@@ -12,7 +12,7 @@ from .seeding import batch_generator
 IGNORE = -100
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def masked_lm_accuracy(model, batches) -> dict:
     """Validation: masked-word accuracy and loss with visual clues, on fixed masks."""
     model.eval()

@@ -70,6 +70,7 @@ class PretrainStage(Stage):
         bert, detector_dir = self.context.inputs.bert, self.context.inputs.detector_dir
         seed, options = self.seed, preset["pretrain"]
         self.options = options
+        self.precision = options.get("precision")
         torch.manual_seed(seed)
         data_root, features_dir = Path(self.context.inputs.data_root), Path(self.context.inputs.features_dir)
         max_rois = preset.get("model", {}).get("max_rois")

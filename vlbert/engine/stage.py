@@ -35,6 +35,8 @@ class Stage:
     - `epochs`, `batches_per_epoch`, `batch_size`: the schedule;
     - `validate_every`: epochs between validations (the last epoch is always validated).
 
+    It may set `precision` (fp32, bf16, fp16), its own autocast over the preset's `training.precision`.
+
     Class attributes: `select_metric`, the validation metric whose best epoch is kept (None: the
     last epoch); `validates`, whether an epoch is scored at all; `data_parallel`, whether the
     model trains under DDP when started by torchrun."""
@@ -53,6 +55,7 @@ class Stage:
     batches_per_epoch: int
     batch_size: int
     validate_every: int = 1
+    precision: str | None = None  # autocast of the training steps; None: the preset's training.precision
 
     def setup(self) -> None:
         raise NotImplementedError
@@ -109,7 +112,7 @@ def run_stage(
             validate_every=stage.validate_every,
             max_steps=max_steps,
             progress=progress,
-            **preset.get("training", {}),
+            **{**preset.get("training", {}), **({"precision": stage.precision} if stage.precision else {})},
             **loading_options(preset),
         ),
         stage.out,

@@ -230,7 +230,10 @@ class PixelBertCNN(nn.Module):
                 if stage == "c5":
                     maps = self.layer4(maps)
             for row, i in enumerate(missing):
-                computed = (maps[row].clone(), resized[row])
+                # Cloned as a plain tensor even under validation's inference mode, so that a
+                # training step may read the kept map later.
+                with torch.inference_mode(False):
+                    computed = (maps[row].clone(), resized[row].clone())
                 if keys[i] is not None and self.cached_bytes + computed[0].nbytes <= PIXEL_MAP_CACHE_BYTES:
                     self.cached_maps[keys[i]] = computed
                     self.cached_bytes += computed[0].nbytes

@@ -349,7 +349,6 @@ def significant_halving(max_t_by_task: dict[str, int], ses: float, rungs_by_task
         def __init__(self):
             super().__init__()
             self._rungs = rungs_by_task or {task: asha_rungs(max_t) for task, max_t in max_t_by_task.items()}
-            self._last = dict(max_t_by_task)
             self._scores = {task: {} for task in max_t_by_task}  # task -> rung -> {trial_id: (accuracy, items)}
 
         def on_trial_result(self, controller, trial, result):
@@ -364,9 +363,9 @@ def significant_halving(max_t_by_task: dict[str, int], ses: float, rungs_by_task
                 self._scores[task].setdefault(rung, {}).setdefault(trial.trial_id, (accuracy, result.get(ITEMS)))
             if trial.trial_id in stopped_at_rungs(self._scores[task], self._rungs[task], ses):
                 return TrialScheduler.STOP
-            # As ASHA at max_t: the trial ends inside its last report, and the chosen rate's seed
-            # run trains its last epoch again (`continue_trial`), with its own loss curve.
-            return TrialScheduler.STOP if epoch >= self._last[task] else TrialScheduler.CONTINUE
+            # A trial at its last epoch is not stopped (as ASHA would at max_t) but returns: its last
+            # checkpoint is saved and its run ends FINISHED, so the chosen rate's seed run only scores it.
+            return TrialScheduler.CONTINUE
 
         def debug_string(self) -> str:
             return f"significant halving at {ses:g} SEs, rungs {self._rungs}"
@@ -678,10 +677,10 @@ def trial_dir(task_dir, lr: float) -> Path:
 def continue_trial(task_dir, seed: int, out) -> Path | None:
     """Start the chosen rate's run for `seed` where the sweep's own trial of it stopped.
 
-    The trial is that very run (same preset, rate and seed; trials run with the sweep's seed) cut
-    short: Ray ends it inside its last report, before its last checkpoint, or the scheduler stops it early.
-    Its checkpoint and best weights are copied into OUT, whose fine-tuning then resumes from them
-    as from its own crash, to the same metrics as a run from scratch. Returns the trial folder, or
+    The trial is that very run (same preset, rate and seed; trials run with the sweep's seed),
+    finished or, where the scheduler stopped it early, cut short. Its checkpoint and best weights are
+    copied into OUT, whose fine-tuning then resumes from them as from its own crash (a finished
+    trial's: it only scores the best epoch), to the same metrics as a run from scratch. Returns the trial folder, or
     None (another seed, OUT already has a checkpoint of its own, or the trial left none).
     """
     from ..engine.checkpoint import latest_checkpoint

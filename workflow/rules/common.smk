@@ -1,5 +1,6 @@
 # Helpers shared by the rules: config validation, canonical names, output paths.
 import os
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -67,9 +68,21 @@ SEEDS = study_seeds(config)
 STUDY_SETTINGS = study_settings(config)
 # Every rule runs in the one environment of the package (`--use-conda` builds it; `make` builds .venv).
 CONDA_ENV = "../envs/vlbert.yaml"
-# Jobs that train ask for a GPU when the preset trains on one (the SLURM profile maps it).
-GPU = 1 if str(config.get("device", "cpu")).startswith("cuda") else 0
-DEVICE = config.get("device", "cpu")
+# Where jobs train: the preset's `device`, `auto` (a GPU where the job finds one) unless it says.
+DEVICE = str(config.get("device", "auto"))
+
+
+def gpu_visible() -> bool:
+    """Whether the machine Snakemake runs on has an NVIDIA GPU, read from the driver's files
+    (importing torch here would slow every Snakemake start)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" and gpus.is_dir() and any(gpus.iterdir())
+
+
+# Jobs that train ask for a GPU when the preset trains on one, or says `auto` on a machine with
+# one (the default profile runs one such job at a time; the SLURM profile maps it to --gpus=1:
+# a cluster whose submit host has no GPU needs `device: cuda` to ask for them).
+GPU = 1 if DEVICE.startswith("cuda") or (DEVICE == "auto" and gpu_visible()) else 0
 def data_root(wildcards):
     """The data root: the synthetic world make_data writes, or the real data sets (given, so not
     an input a rule can name). A function, as Snakemake's linter asks of a path param that
