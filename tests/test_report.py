@@ -103,7 +103,7 @@ def gappy_study(tmp_path):
                 continue
             bonus = 1.0 if setting == "d" and task.startswith("vcr") else 0.0
             for seed in (0, 1) if (setting, task) != ("a", "refcoco_det") else (0,):
-                store.run(setting, task, seed, score + bonus + seed)
+                store.run(setting, task, seed, score + bonus + seed, test_n=2000)
     return store
 
 
@@ -128,18 +128,19 @@ def test_a_finding_without_data_is_no_data_never_a_disagreement(gappy_study, tmp
     findings = {f["id"]: f for f in json.loads((report / "findings.json").read_text())}
     assert findings["sirp_hurts"]["verdict"] == "no data"  # setting c never ran
     assert findings["text_helps"]["verdict"] == "no data"  # d vs b, and b has no VQA
-    assert all(
-        findings[f]["verdict"] == "agrees"
-        for f in ("pretrain_helps", "mlm_helps", "mrc_helps_ref", "tune_frcnn_helps")
-    )
+    assert all(findings[f]["verdict"] == "agrees" for f in ("pretrain_helps", "tune_frcnn_helps"))
+    # a's RefCOCO+ has one seed: against it there is no known seed spread, so no interval shows a delta
+    assert findings["mrc_helps_ref"]["verdict"] == findings["mlm_helps"]["verdict"] == "not shown"
     text = (report / "findings.md").read_text()
     assert "does not agree" not in text
-    assert "agrees with 4 of 6 findings; 2 have no data" in text
+    assert "this run shows 2: " in text and "2 are not shown" in text and "2 have no data" in text
     assert "## sentence-image relation prediction hurts (c vs b): no data" in text
     assert "| vqa | no data |" in text
-    # a's RefCOCO+ has one seed: b vs a there has no known spread, so nothing is beyond it
-    assert "| refcoco_det | +5.50 | n/a (n=1) | n/a | yes | n/a | n/a |" in text
-    assert "4 of 6 findings agree with the paper, 2 without data" in out
+    assert "| refcoco_det | +5.50 | — | — | — | not shown | not shown |" in text
+    # Two seeds a cell, their spread 0.71, the items' SE 1.1 each: a 5-point delta within [+1.6, +8.4].
+    mlm = {t["task"]: t for t in findings["mlm_helps"]["tasks"]}
+    assert mlm["vqa"]["low"] == pytest.approx(1.6, abs=0.1) and mlm["vqa"]["verdict"] == "helps"
+    assert "2 of 6 findings agree with the paper, 2 without data" in out
 
 
 def test_the_report_says_when_it_used_a_run_that_did_not_finish(tmp_path, monkeypatch, capsys):
@@ -247,7 +248,7 @@ def test_the_systems_table_puts_each_system_beside_its_papers_and_checks_their_f
     assert "| vilbert | VQA | 58.5 | 1.1 | 57.0 ✗ | 1.5 |" in controls  # within two SEs of its shuffled score
     assert "| vilbert_no_pretrain | VQA | 42.5 | 1.1 | — | — |" in controls
     assert "Cells that do not clear their shuffled images: vilbert / vcr_q2a" in controls
-    assert "beyond the noise" in (report / "systems_findings.md").read_text()
+    assert "95% interval" in (report / "systems_findings.md").read_text()
     systems_csv = (report / "systems.csv").read_text().splitlines()[0].split(",")
     assert {"vqa_se", "vqa_shuffled"} <= set(systems_csv)
     findings = {f["id"]: f for f in json.loads((report / "systems_findings.json").read_text())}
@@ -335,12 +336,13 @@ def test_controls_put_each_cell_beside_its_shuffled_images_and_blind_floor(tmp_p
     assert "do not clear their shuffled images: a / vqa." in text
     assert "do not clear their blind floor: no_pretrain / refcoco_det." in text
     findings = {f["id"]: f for f in json.loads((report / "findings.json").read_text())}
-    # full - d on VQA: +5.0, seed spread 0.71, 2 SE of the difference 2 * 1.55 = 3.10: beyond both
+    # full - d on VQA: +5.0; seeds' spread 0.71 a side, each cell's SE on its 2,000 items 1.1: t(69) x 1.71
     vqa = next(t for t in findings["tune_frcnn_helps"]["tasks"] if t["task"] == "vqa")
-    assert vqa["se_diff"] == pytest.approx(1.55, abs=0.01) and vqa["beyond_noise"] is True
-    # c - b: -2.0 is beyond the seed spread (0.71) but within 2 SE of the difference
+    assert (vqa["low"], vqa["high"]) == (pytest.approx(1.58, abs=0.02), pytest.approx(8.42, abs=0.02))
+    assert vqa["verdict"] == "helps" and vqa["item_se"] == pytest.approx(1.56, abs=0.01)
+    # c - b: -2.0 is beyond the seeds' spread (0.71) but its interval holds 0
     vqa = next(t for t in findings["sirp_hurts"]["tasks"] if t["task"] == "vqa")
-    assert vqa["beyond_spread"] is True and vqa["beyond_noise"] is False
+    assert vqa["low"] < 0 < vqa["high"] and vqa["verdict"] == "not shown"
 
 
 def test_runs_on_a_share_of_the_training_set_get_their_own_table_and_stay_out_of_table4(tmp_path, monkeypatch):
@@ -356,7 +358,7 @@ def test_runs_on_a_share_of_the_training_set_get_their_own_table_and_stay_out_of
     report = _report(store, tmp_path, monkeypatch)
     assert _rows((report / "table4.md").read_text())["full"][0] == "60.5 ± 0.7"  # the whole set's runs
     text = (report / "data_fractions.md").read_text()
-    assert "| VQA | 10% | 20.5 ± 0.7 | 50.5 ± 0.7 | +30.0 | 4.1 | yes |" in text  # 2 SE: 2 * hypot(1.28, 1.58)
+    assert "| VQA | 10% | 20.5 ± 0.7 | 50.5 ± 0.7 | +30.0 | [+25.8, +34.2] | — | helps |" in text
     assert "| VQA | 100% | 40.5 ± 0.7 | 60.5 ± 0.7 | +20.0 |" in text
     assert (report / "figures" / "data_fractions.png").stat().st_size > 10_000
 
@@ -417,7 +419,7 @@ def test_the_reports_json_is_strict_with_null_for_a_missing_value(tmp_path, monk
     assert {p.name for p in written} >= {"findings.json", "systems_findings.json"}
     parsed = {p.name: _strict_json(p) for p in written}
     tasks = [t for f in parsed["findings.json"] + parsed["systems_findings.json"] for t in f["tasks"]]
-    assert tasks and all(t["spread"] is None for t in tasks)
+    assert tasks and all(t["low"] is None and t["high"] is None for t in tasks)  # one seed: no interval
     systems = {f["id"]: f for f in parsed["systems_findings.json"]}
     vqa = next(t for t in systems["vilbert_pretrain_helps"]["tasks"] if t["task"] == "vqa")
     assert vqa["delta"] is None and vqa["missing"] == ["vilbert"]

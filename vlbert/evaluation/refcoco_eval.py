@@ -38,6 +38,22 @@ def box_iou(predicted: list[float], truth: list[float], convention: str = "conti
     raise ValueError(f"unknown IoU convention {convention!r}; expected one of {', '.join(IOU_CONVENTIONS)}")
 
 
+def refcoco_hits(
+    expressions, predictions: dict[int, list[float]], iou_convention: str = "continuous", source=None
+) -> dict[int, bool]:
+    """sent_id -> whether its predicted [x, y, w, h] overlaps the referent's box at IoU >= 0.5, for
+    every expression of the splits that have predictions (refused unless each has one)."""
+    if iou_convention not in IOU_CONVENTIONS:
+        raise ValueError(f"unknown IoU convention {iou_convention!r}; expected one of {', '.join(IOU_CONVENTIONS)}")
+    by_sent = {e.sent_id: e for e in expressions}
+    predicted_splits = {by_sent[s].split for s in predictions if s in by_sent}
+    require_same_ids([e.sent_id for e in expressions if e.split in predicted_splits], predictions, "sent_id", source)
+    return {
+        sent_id: box_iou(box, by_sent[sent_id].bbox, iou_convention) >= IOU_THRESHOLD
+        for sent_id, box in predictions.items()
+    }
+
+
 def refcoco_accuracy(
     expressions, predictions: dict[int, list[float]], digits: int = 2, iou_convention: str = "continuous", source=None
 ) -> dict:
@@ -47,15 +63,10 @@ def refcoco_accuracy(
     must have a prediction for every expression (a part of a split is not scored as the whole).
     source: the predictions file, named when they are refused.
     """
-    if iou_convention not in IOU_CONVENTIONS:
-        raise ValueError(f"unknown IoU convention {iou_convention!r}; expected one of {', '.join(IOU_CONVENTIONS)}")
     by_sent = {e.sent_id: e for e in expressions}
-    predicted_splits = {by_sent[s].split for s in predictions if s in by_sent}
-    require_same_ids([e.sent_id for e in expressions if e.split in predicted_splits], predictions, "sent_id", source)
     hits = defaultdict(list)
-    for sent_id, box in predictions.items():
-        expression = by_sent[sent_id]
-        hits[expression.split].append(box_iou(box, expression.bbox, iou_convention) >= IOU_THRESHOLD)
+    for sent_id, hit in refcoco_hits(expressions, predictions, iou_convention, source).items():
+        hits[by_sent[sent_id].split].append(hit)
     if not hits:
         raise ValueError("no predictions")
     return {split: round(100 * sum(h) / len(h), digits) for split, h in sorted(hits.items())} | {

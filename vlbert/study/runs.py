@@ -490,6 +490,8 @@ def report(args) -> int:
         vcr_reported if vcr_reported.is_file() else None,
         detector_metrics=layout.detector / "metrics.json",
         floors_path=layout.floors,
+        data_root=config["data"].get("root"),
+        features_dir=layout.features,
     )
     for warning in summary["warnings"]:
         print(f"vlbert report: warning: {warning}", file=sys.stderr)

@@ -48,6 +48,11 @@ class Task:
     def score(self, predictions: list[dict], split: str) -> dict:
         raise NotImplementedError
 
+    def item_scores(self, predictions: list[dict], split: str) -> dict:
+        """Each item's score (percent) under the official metric, by the item's id: their mean is
+        `score`'s accuracy (before its rounding). The report's paired statistics read them."""
+        raise NotImplementedError
+
     def model_overrides(self) -> dict:
         return {}
 

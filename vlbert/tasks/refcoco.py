@@ -81,6 +81,15 @@ class RefCOCOTask(Task):
                 scores[f"accuracy_{subset}"] = _pooled(part, part.pop("n_expressions"))
         return scores
 
+    def item_scores(self, predictions, split):
+        from ..evaluation.refcoco_eval import refcoco_hits
+
+        expressions = [e for name in self.spec.splits[split] for e in self.dataset.expressions(name)]
+        return {
+            i: 100.0 * hit
+            for i, hit in refcoco_hits(expressions, {p["sent_id"]: p["bbox"] for p in predictions}).items()
+        }
+
     def _train_expressions(self):
         return [e for name in self.spec.splits["train"] for e in self.dataset.expressions(name)]
 

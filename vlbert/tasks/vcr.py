@@ -96,3 +96,11 @@ class VCRTask(Task):
 
         result = vcr_accuracy(self._labels(split), {p["annot_id"]: p for p in predictions})
         return {"accuracy": result["q2a" if self.name == "vcr_q2a" else "qa2r"]}
+
+    def item_scores(self, predictions, split):
+        from ..evaluation.vcr_eval import vcr_choices
+
+        labels = self._labels(split)
+        key, index = ("answer", 0) if self.name == "vcr_q2a" else ("rationale", 1)
+        chosen = vcr_choices(labels, {p["annot_id"]: p for p in predictions})[key]
+        return {a: 100.0 * (chosen[a] == labels[a][index]) for a in labels}

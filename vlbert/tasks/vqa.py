@@ -77,6 +77,14 @@ class VQATask(Task):
         best = outputs.logits.argmax(-1).tolist()
         return [{"question_id": e["id"], "answer": self.answers[b]} for e, b in zip(examples, best)]
 
+    def item_scores(self, predictions, split):
+        from ..data.errors import require_same_ids
+        from ..evaluation.vqa_eval import question_accuracy
+
+        annotations, answers = self.annotations(split), {p["question_id"]: p["answer"] for p in predictions}
+        require_same_ids(annotations, answers, "question_id")
+        return {q: 100 * question_accuracy(answers[q], a["answers"]) for q, a in annotations.items()}
+
     def pairs(self, split: str) -> list[tuple[int, int]] | None:
         """The split's complementary pairs, when its folder has VQA v2's file of them."""
         from ..data.vqa import complementary_pairs_name, read_complementary_pairs

@@ -24,6 +24,7 @@ from .read import (
     collect_runs,
     derive_q2ar,
     derive_vcr_kinds,
+    item_scores,
     killed_notes,
     killed_without_results,
     latest_pretraining,
@@ -69,7 +70,7 @@ __all__ = [
 ]
 
 
-def write_report(
+def write_report(  # noqa: PLR0913 - what the report reads: the store, the data, the workflow files
     uri: str,
     experiment: str,
     out,
@@ -77,8 +78,12 @@ def write_report(
     vcr_val=None,
     detector_metrics=None,
     floors_path=None,
+    data_root=None,
+    features_dir=None,
 ) -> dict:
-    """vcr_val: the VCR jsonl of the split Table 4 reports, whose labels Q->AR is scored against
+    """data_root, features_dir: the study's data and feature stores, which the runs' per-item scores
+    are read against (without them, each delta's interval comes from the table's summaries).
+    vcr_val: the VCR jsonl of the split Table 4 reports, whose labels Q->AR is scored against
     (no Q->AR without it). floors_path: `vlbert floors`' JSON (no blind floors without it).
     detector_metrics: `vlbert train-detector`'s metrics.json; by default results/<preset>/detector's,
     <preset> being the report folder's name (reports/<preset>), as the workflow lays them out."""
@@ -105,19 +110,20 @@ def write_report(
         kinds = vcr_question_kinds(vcr_val)
         by_kind = derive_vcr_kinds(finetunes, predictions, labels, kinds) if kinds else None
     table = table4(finetunes, zip(killed["setting"], killed["task"]))
+    items = item_scores(uri, every_finetune, data_root, features_dir) if data_root and features_dir else None
     floors = json.loads(Path(floors_path).read_text()) if floors_path and Path(floors_path).is_file() else {}
     write_tables(table, paper, out, finetune_notes, floors, not pretraining_replicates(runs).empty)
     write_controls(controls(table, floors), floors, out)
     if (every_finetune["train_fraction"] < 1).any():
-        fractions = fraction_table(every_finetune)
+        fractions = fraction_table(every_finetune, items=items)
         write_fractions(fractions, out)
         figure_fractions(fractions, out / "figures" / "data_fractions.png")
     if not derived.empty:
         write_q2ar(derived, out, by_kind)
     write_refcoco(finetunes, paper, out)
-    results = findings(table, paper)
+    results = findings(table, paper, items)
     write_findings(results, out)
-    systems_findings = write_systems(table, paper, finetunes, out, floors)
+    systems_findings = write_systems(table, paper, finetunes, out, floors, items)
     figure_systems(table, out / "figures" / "systems.png")
     figure_bars(table, paper, out / "figures" / "table4_bars.png")
     figure_heatmap(table, paper, out / "figures" / "delta_heatmap.png")

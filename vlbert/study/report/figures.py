@@ -144,16 +144,17 @@ def figure_grounding(uri: str, runs: pd.DataFrame, path: Path) -> None:
 
 def figure_fractions(fractions: pd.DataFrame, path: Path) -> None:
     """Pre-training's gain (full minus no_pretrain) against the share of each training set, with
-    its noise band (the larger of the seed spread and two SEs of the difference)."""
+    its 95% interval as a band."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for task, rows in fractions.groupby("task", sort=False):
         rows = rows.sort_values("fraction")
         x = 100 * rows["fraction"]
         ax.plot(x, rows["gap"], marker="o", label=TASKS[task].title)
-        ax.fill_between(x, rows["gap"] - rows["noise"], rows["gap"] + rows["noise"], alpha=0.12)
+        ax.fill_between(x, rows["low"], rows["high"], alpha=0.12)
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set_xscale("log")
-    ax.set_xticks([10, 30, 100], ["10%", "30%", "100%"])
+    shares = sorted({round(100 * f) for f in fractions["fraction"]})
+    ax.set_xticks(shares, [f"{v}%" for v in shares])
     ax.set_xlabel("share of the fine-tuning training set")
     ax.set_ylabel("full - no_pretrain (points)")
     ax.set_title("Pre-training's gain against fine-tuning data")

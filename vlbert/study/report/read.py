@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from mlflow.exceptions import MlflowException
 
-from ...registry import DERIVED_TASKS, SETTINGS
+from ...registry import DERIVED_TASKS, SETTINGS, TABLE4_TASKS, TASKS
 from ...tracking import (
     BEST_EPOCH_METRIC,
     ENDED_TAG,
@@ -245,6 +246,40 @@ def derive_q2ar(finetunes: pd.DataFrame, predictions: dict, labels: dict) -> pd.
             }
         )
     return pd.DataFrame(rows)
+
+
+def item_scores(uri: str, finetunes: pd.DataFrame, data_root, features_dir) -> dict:
+    """Per (setting, task, training fraction) of Table 4's tasks: the seeds of its runs and their
+    score per item of the reported split ([seeds, items], the task's items in one order), from each
+    run's predictions artifact under the task's official metric (Task.item_scores), for the paired
+    statistics (statistics.ItemScores). A group with a run whose predictions cannot be read is
+    left out, and its deltas come from the table's summaries."""
+    import numpy as np
+
+    from ... import tasks
+
+    scores = {}
+    for task_name, by_task in finetunes[finetunes["task"].isin(TABLE4_TASKS)].groupby("task"):
+        try:
+            adapter = tasks.build(task_name, None, data_root, features_dir)
+        except (OSError, ValueError):  # its data is not where the preset says: summaries only
+            continue
+        split, order = TASKS[task_name].table4_split, None
+        for (setting, fraction), runs in by_task.groupby(["setting", "train_fraction"]):
+            rows, seeds = [], []
+            for run in runs.sort_values("seed").itertuples():
+                try:
+                    predictions = json.loads(read_artifact_text(uri, run.run_id, predictions_artifact(split)))
+                except (OSError, ValueError, MlflowException):
+                    rows = None
+                    break
+                item = adapter.item_scores(predictions, split)
+                order = order or sorted(item)
+                rows.append([item[i] for i in order])
+                seeds.append(int(run.seed))
+            if rows:
+                scores[(setting, task_name, float(fraction))] = (tuple(seeds), np.array(rows))
+    return scores
 
 
 def history(uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:

@@ -183,6 +183,24 @@ def write_controls(controls: pd.DataFrame, floors: dict, out: Path) -> None:
     io.write_text(out / "table4_controls.csv", controls.to_csv(index=False))
 
 
+INTERVAL_LEGEND = (
+    "A delta is ours: first setting minus second, accuracy points, with its 95% interval and "
+    "P(A>B), the chance that a run of the first beats a run of the second; both from a "
+    "hierarchical bootstrap of the runs' per-item scores (the seeds, paired where every setting "
+    "ran the same seeds, then the test items, paired), three seeds giving the seed part t's "
+    '2 degrees of freedom (docs/reproducibility.md, "Intervals and verdicts"). Verdict: '
+    "*helps* where the interval is above 0, *hurts* below, *not shown* where it holds 0."
+)
+
+
+def interval_text(low: float, high: float) -> str:
+    return MISSING if pd.isna(low) or pd.isna(high) else f"[{low:+.1f}, {high:+.1f}]"
+
+
+def probability_text(p: float) -> str:
+    return MISSING if pd.isna(p) else f"{p:.2f}"
+
+
 def write_fractions(fractions: pd.DataFrame, out: Path) -> None:
     """data_fractions.{md,csv}: full and no_pretrain fine-tuned on shares of each training set."""
     fmt = lambda mean, std, n: _cell(mean, std, n)
@@ -192,41 +210,32 @@ def write_fractions(fractions: pd.DataFrame, out: Path) -> None:
         "`full` and `no_pretrain` fine-tuned on a share of each training set (the same examples for "
         "both and every seed), for as many steps as the whole set gets, at the rate the whole set's "
         "sweep chose; scored on the reported split, mean ± std over seeds. Gap: full minus "
-        "no_pretrain; noise: the larger of the seed spread and two standard errors of the difference.",
+        "no_pretrain. " + INTERVAL_LEGEND,
         "",
-        "| task | share | no_pretrain | full | gap | noise | beyond noise |",
-        "|---|---|---|---|---|---|---|",
+        "| task | share | no_pretrain | full | gap | 95% interval | P(full>no_pretrain) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for _, row in fractions.iterrows():
-        beyond = "n/a" if row["beyond_noise"] is None else "yes" if row["beyond_noise"] else "no"
         gap = MISSING if pd.isna(row["gap"]) else f"{row['gap']:+.1f}"
-        noise = MISSING if pd.isna(row["noise"]) else f"{row['noise']:.1f}"
         cells = [fmt(row[f"{s}_mean"], row[f"{s}_std"], row[f"{s}_n"]) for s in ("no_pretrain", "full")]
         lines.append(
             f"| {TASKS[row['task']].title} | {100 * row['fraction']:.0f}% | {' | '.join(cells)} "
-            f"| {gap} | {noise} | {beyond} |"
+            f"| {gap} | {interval_text(row['low'], row['high'])} | {probability_text(row['p_first_beats'])} "
+            f"| {row['verdict'] or MISSING} |"
         )
     io.write_text(out / "data_fractions.md", "\n".join(lines) + "\n")
     io.write_text(out / "data_fractions.csv", fractions.to_csv(index=False))
 
 
 def write_findings(results: list[dict], out: Path) -> None:
-    lines = [
-        "# The paper's findings, checked on this run",
-        "",
-        "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* "
-        "when larger than the larger of the two settings' seed standard deviations, and *beyond "
-        "the noise* when larger than both that spread and two standard errors of the difference "
-        "(the reported split's sampling error, table4_controls.md).",
-        "",
-    ]
-    agree = sum(r["verdict"] == "agrees" for r in results)
-    no_data = sum(r["verdict"] == "no data" for r in results)
-    separated = sum(any(t["beyond_spread"] for t in r["tasks"]) for r in results if r["verdict"] == "agrees")
+    lines = ["# The paper's findings, checked on this run", "", INTERVAL_LEGEND, ""]
+    counts = {v: sum(r["verdict"] == v for r in results) for v in ("agrees", "does not agree", "not shown", "no data")}
     lines += [
-        f"This run agrees with {agree} of {len(results)} findings"
-        + (f"; {no_data} have no data (a setting or task without runs)" if no_data else "")
-        + f". In {separated} of the agreeing ones at least one task's delta is beyond the seed spread.",
+        f"Of the paper's {len(results)} findings this run shows {counts['agrees']}: every task's delta has "
+        f"the paper's sign beyond its interval. {counts['does not agree']} do not agree (a delta of the "
+        f"other sign beyond its interval), {counts['not shown']} are not shown (an interval holds 0)"
+        + (f", {counts['no data']} have no data (a setting or task without runs)" if counts["no data"] else "")
+        + ".",
         "",
     ]
     for r in results:
@@ -236,30 +245,23 @@ def write_findings(results: list[dict], out: Path) -> None:
 
 
 def findings_lines(r: dict) -> list[str]:
-    """One finding's section: its verdict, and per task our delta against the seed spread."""
+    """One finding's section: its verdict, and per task our delta with its interval and verdict."""
     lines = [f"## {r['text']}: {r['verdict']}", ""]
-    lines.append(
-        "| task | delta | seed spread | 2 SE of the difference | sign as the paper's | beyond spread | beyond noise |"
-    )
+    lines.append("| task | delta | 95% interval | ± | P(A>B) | verdict | the paper's sign |")
     lines.append("|---|---|---|---|---|---|---|")
-    yes_no = lambda v: "n/a" if v is None else "yes" if v else "no"
     for t in r["tasks"]:
         if t["missing"]:
             lines.append(f"| {t['task']} | no data |" + f" {MISSING} |" * 5)
             continue
-        spread = "n/a (n=1)" if math.isnan(t["spread"]) else f"{t['spread']:.2f}"
-        se_diff = t.get("se_diff", math.nan)
-        two_se = "n/a" if math.isnan(se_diff) else f"{2 * se_diff:.2f}"
-        sign = "n/a (none stated)" if t["agrees"] is None else "yes" if t["agrees"] else "no"
+        sign = "n/a (none stated)" if t["shown"] is None else "shown" if t["shown"] else "not shown"
         lines.append(
-            f"| {t['task']} | {t['delta']:+.2f} | {spread} | {two_se} | {sign} | {yes_no(t['beyond_spread'])} "
-            f"| {yes_no(t.get('beyond_noise'))} |"
+            f"| {t['task']} | {t['delta']:+.2f} | {interval_text(t['low'], t['high'])} "
+            f"| {MISSING if pd.isna(t['half_width']) else format(t['half_width'], '.1f')} "
+            f"| {probability_text(t['p_first_beats'])} | {t['verdict']} | {sign} |"
         )
     gaps = [f"{t['task']} ({' and '.join(t['missing'])})" for t in r["tasks"] if t["missing"]]
     if gaps:
-        measured = [t for t in r["tasks"] if not t["missing"]]
-        agreeing = "; the measured tasks agree in sign" if measured and r["verdict"] == "no data" else ""
-        lines += ["", f"No runs with results for: {', '.join(gaps)}{agreeing}."]
+        lines += ["", f"No runs with results for: {', '.join(gaps)}."]
     if r["largest_on"] and r["largest_ok"] is not None:
         lines.append("")
         lines.append(

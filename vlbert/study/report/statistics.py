@@ -1,13 +1,20 @@
-"""Table 4 and the paper's findings, computed from the chosen fine-tuning runs: pandas only, no I/O."""
+"""Table 4 and the paper's findings, computed from the chosen fine-tuning runs: pandas and numpy only, no I/O."""
 
 from __future__ import annotations
 
 import math
+import zlib
 
+import numpy as np
 import pandas as pd
 
 from ...evaluation.floors import accuracy_se
 from ...registry import SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
+from .intervals import HELPS, HURTS, NOT_SHOWN, Delta, compare_scores, compare_summaries
+
+# Per (setting, task, training fraction): the seeds of its runs and their scores per test item
+# ([seeds, items], the task's items in one order for every run), as read.item_scores reads them.
+ItemScores = dict[tuple[str, str, float], tuple[tuple[int, ...], np.ndarray]]
 
 FINDING_TEXT = {
     "pretrain_helps": "pre-training helps all tasks (full vs no_pretrain)",
@@ -81,44 +88,57 @@ def table_warnings(table: pd.DataFrame) -> list[str]:
     return warnings
 
 
-def findings(table: pd.DataFrame, paper: dict) -> list[dict]:
-    """Each of the paper's findings: our deltas per task, whether they agree in sign and whether
-    they exceed the seed spread (the larger of the two settings' standard deviations; none with a
-    single seed). The verdict: "does not agree" when a measured task says otherwise, "no data"
-    when a task or setting has no runs (a missing figure is not a disagreement), else "agrees"."""
-    return compare(table, paper["ablation_table4"]["findings"], FINDING_TEXT)
+def findings(table: pd.DataFrame, paper: dict, items: ItemScores | None = None) -> list[dict]:
+    """Each of the paper's findings: our deltas per task, each with its 95% interval, P(A>B) and
+    verdict (`compare`)."""
+    return compare(table, paper["ablation_table4"]["findings"], FINDING_TEXT, items)
 
 
-def compare(table: pd.DataFrame, specs: list[dict], texts: dict[str, str]) -> list[dict]:
-    """`findings` for any list of stated findings ({id, compare, tasks, sign}); a finding whose
-    source states no sign (sign null) gets its deltas and the verdict "no sign stated"."""
+def delta(table: pd.DataFrame, items: ItemScores | None, first: str, second: str, task: str, fraction=1.0) -> Delta:
+    """`first` minus `second` on `task`'s reported split: from the runs' per-item scores where the
+    report has them (intervals.compare_scores: seeds, then items, paired), else from the table's
+    summaries (intervals.compare_summaries: seed spread and the items' standard errors)."""
+    found = [(items or {}).get((s, task, fraction)) for s in (first, second)]
+    if all(found):
+        (seeds_a, scores_a), (seeds_b, scores_b) = found
+        # A stable bootstrap seed per comparison: the report reads the same twice.
+        key = zlib.crc32(f"{first}|{second}|{task}|{fraction}".encode())
+        return compare_scores(scores_a, scores_b, paired_seeds=seeds_a == seeds_b, seed=key)
+    row = lambda s, k: table.loc[s, f"{task}_{k}"]
+    return compare_summaries(
+        *(row(first, k) for k in ("mean", "std", "n", "se")), *(row(second, k) for k in ("mean", "std", "n", "se"))
+    )
+
+
+def compare(
+    table: pd.DataFrame, specs: list[dict], texts: dict[str, str], items: ItemScores | None = None
+) -> list[dict]:
+    """`findings` for any list of stated findings ({id, compare, tasks, sign}). Per task the delta
+    (`delta`) and its verdict: helps, hurts or not shown. A finding agrees when every task's verdict
+    has the stated sign, does not agree when one has the other sign (or the gain is not largest where
+    it says), is "not shown" otherwise; "no data" when a task or setting has no runs (a missing figure
+    is not a disagreement); "no sign stated" where the source states none (sign null)."""
     out = []
     for finding in specs:
         x, y = finding["compare"]
         sign = {"+": 1, "-": -1}.get(finding["sign"], 0)
+        expected = {1: HELPS, -1: HURTS}.get(sign)
+        opposite = {1: HURTS, -1: HELPS}.get(sign)
         per_task = []
         for task in finding["tasks"]:
-            delta = table.loc[x, f"{task}_mean"] - table.loc[y, f"{task}_mean"]
-            spreads = (table.loc[x, f"{task}_std"], table.loc[y, f"{task}_std"])
-            spread = math.nan if any(map(math.isnan, spreads)) else max(spreads)  # one seed on a side: unknown
             missing = [s for s in (x, y) if table.loc[s, f"{task}_n"] == 0]
-            # The sampling error of the difference: the two settings are scored on the same items,
-            # taken as independent (conservative for correlated runs).
-            ses = [table.loc[s, f"{task}_se"] if f"{task}_se" in table else math.nan for s in (x, y)]
-            se_diff = math.hypot(*ses) if not any(map(math.isnan, ses)) else math.nan
-            noise = max((v for v in (spread, 2 * se_diff) if not math.isnan(v)), default=math.nan)
+            if missing:
+                unknown = dict.fromkeys(("delta", "low", "high", "half_width", "p_first_beats", "verdict"))
+                per_task.append({"task": task, **unknown, "missing": missing, "shown": None, "agrees": None})
+                continue
+            result = delta(table, items, x, y, task).as_dict()
             per_task.append(
                 {
                     "task": task,
-                    "delta": delta,
-                    "spread": spread,
-                    "se_diff": se_diff,
-                    "noise": noise,
-                    "missing": missing,
-                    "agrees": None if missing or not sign else bool(delta * sign > 0),
-                    "beyond_spread": None if missing or math.isnan(spread) else bool(abs(delta) > spread),
-                    # Beyond the larger of the seed spread and two standard errors of the difference.
-                    "beyond_noise": None if missing or math.isnan(noise) else bool(abs(delta) > noise),
+                    **result,
+                    "missing": [],
+                    "agrees": None if not sign else bool(result["delta"] * sign > 0),  # the estimate's sign
+                    "shown": None if not sign else result["verdict"] == expected,
                 }
             )
         measured = [t for t in per_task if not t["missing"]]
@@ -127,14 +147,16 @@ def compare(table: pd.DataFrame, specs: list[dict], texts: dict[str, str]) -> li
         if largest and measured and len(measured) == len(per_task):
             best = max(measured, key=lambda t: t["delta"])
             largest_ok = best["task"].startswith(largest)
-        if any(t["agrees"] is False for t in measured) or largest_ok is False:
+        if sign and (any(t["verdict"] == opposite for t in measured) or largest_ok is False):
             verdict = "does not agree"
         elif len(measured) < len(per_task):
             verdict = "no data"
         elif not sign:
             verdict = "no sign stated"
-        else:
+        elif all(t["shown"] for t in measured):
             verdict = "agrees"
+        else:
+            verdict = NOT_SHOWN
         out.append(
             {
                 "id": finding["id"],
@@ -144,8 +166,6 @@ def compare(table: pd.DataFrame, specs: list[dict], texts: dict[str, str]) -> li
                 "tasks": per_task,
                 "verdict": verdict,
                 "agrees": {"agrees": True, "does not agree": False}.get(verdict),
-                "beyond_spread": bool(measured) and all(t["beyond_spread"] is True for t in measured),
-                "beyond_noise": bool(measured) and all(t["beyond_noise"] is True for t in measured),
                 "largest_on": largest,
                 "largest_ok": largest_ok,
             }
@@ -190,16 +210,19 @@ def controls(table: pd.DataFrame, floors: dict, settings=TABLE4_SETTINGS) -> pd.
     return pd.DataFrame(records)
 
 
-def fraction_table(finetunes: pd.DataFrame, settings: tuple[str, str] = ("full", "no_pretrain")) -> pd.DataFrame:
+def fraction_table(
+    finetunes: pd.DataFrame, settings: tuple[str, str] = ("full", "no_pretrain"), items: ItemScores | None = None
+) -> pd.DataFrame:
     """Pre-training's effect against fine-tuning data: per task and training fraction (the whole
-    set included), each of `settings`' mean, std and seeds on the reported split, their gap (first
-    minus second), and the gap's noise (the larger of the seed spread and two SEs of the difference)."""
+    set included), each of `settings`' mean, std and seeds on the reported split, and their gap
+    (first minus second) with its 95% interval, P(A>B) and verdict (`delta`)."""
     records = []
     fractions = sorted(set(finetunes["train_fraction"]))
     for task in TABLE4_TASKS:
         split = TASKS[task].table4_split
         for fraction in fractions:
             row = {"task": task, "fraction": fraction}
+            summary = {}
             for setting in settings:
                 runs = finetunes[
                     (finetunes["setting"] == setting)
@@ -207,18 +230,21 @@ def fraction_table(finetunes: pd.DataFrame, settings: tuple[str, str] = ("full",
                     & (finetunes["train_fraction"] == fraction)
                 ]
                 values = runs[f"{split}_accuracy"].dropna()
-                items = runs[f"{split}_n"].dropna() if f"{split}_n" in runs else pd.Series(dtype=float)
+                n_items = runs[f"{split}_n"].dropna() if f"{split}_n" in runs else pd.Series(dtype=float)
                 row[f"{setting}_mean"] = values.mean() if len(values) else math.nan
                 row[f"{setting}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan
                 row[f"{setting}_n"] = len(values)
-                row[f"{setting}_se"] = accuracy_se(row[f"{setting}_mean"], items.mean() if len(items) else math.nan)
+                row[f"{setting}_se"] = accuracy_se(
+                    row[f"{setting}_mean"], n_items.mean() if len(n_items) else math.nan
+                )
+                summary[setting] = {f"{task}_{k}": row[f"{setting}_{k}"] for k in ("mean", "std", "n", "se")}
             first, second = settings
             row["gap"] = row[f"{first}_mean"] - row[f"{second}_mean"]
-            spread = max(row[f"{first}_std"], row[f"{second}_std"])
-            se_diff = math.hypot(row[f"{first}_se"], row[f"{second}_se"])
-            row["noise"] = max((v for v in (spread, 2 * se_diff) if not math.isnan(v)), default=math.nan)
-            row["beyond_noise"] = (
-                None if math.isnan(row["gap"]) or math.isnan(row["noise"]) else bool(abs(row["gap"]) > row["noise"])
-            )
+            if row[f"{first}_n"] and row[f"{second}_n"]:
+                result = delta(pd.DataFrame(summary).T, items, first, second, task, fraction)
+                row |= {k: result.as_dict()[k] for k in ("low", "high", "half_width", "p_first_beats", "verdict")}
+            else:
+                row |= {"low": math.nan, "high": math.nan, "half_width": math.nan, "p_first_beats": math.nan}
+                row["verdict"] = None
             records.append(row)
     return pd.DataFrame(records)

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ... import io
 from ...registry import FAMILIES, SETTINGS, TABLE4_TASKS, TASKS
-from .render import CONTROLS_LEGEND, _cells, controls_lines, findings_lines
+from .render import CONTROLS_LEGEND, INTERVAL_LEGEND, _cells, controls_lines, findings_lines
 from .statistics import MISSING, compare, controls
 
 SYSTEM_FINDING_TEXT = {
@@ -76,7 +76,7 @@ def _value(v: float | None) -> str:
 
 
 def write_systems(
-    table: pd.DataFrame, paper: dict, finetunes: pd.DataFrame, out: Path, floors: dict | None = None
+    table: pd.DataFrame, paper: dict, finetunes: pd.DataFrame, out: Path, floors: dict | None = None, items=None
 ) -> list[dict]:
     """systems.{md,csv,tex} and systems_findings.json; returns the findings. Each row's cells are
     put beside their controls (`floors`: `vlbert floors`' figures; none: no blind floors)."""
@@ -110,7 +110,7 @@ def write_systems(
         )
         tex_cells = [c.replace("±", "$\\pm$").replace(MISSING, "---") for c in ours]
         tex_rows.append(" & ".join([family.title, setting.replace("_", "\\_"), *tex_cells]) + " \\\\")
-    results = compare(table, paper["systems_findings"], SYSTEM_FINDING_TEXT)
+    results = compare(table, paper["systems_findings"], SYSTEM_FINDING_TEXT, items)
     results = [r for r in results if all(s in rows for s in r["compare"])]
     notes = [
         "",
@@ -143,15 +143,7 @@ def write_systems(
         "\\end{tabular}",
     ]
     io.write_text(out / "systems.tex", "\n".join(tex) + "\n")
-    header_lines = [
-        "# The seed papers' findings about their systems, checked on this run",
-        "",
-        "A delta is ours (first setting minus second, accuracy points); it is *beyond the spread* when "
-        "larger than the larger of the two settings' seed standard deviations, and *beyond the noise* "
-        "when larger than the larger of that spread and two standard errors of the difference (the "
-        "reported split's sampling error, systems.md's controls).",
-        "",
-    ]
+    header_lines = ["# The seed papers' findings about their systems, checked on this run", "", INTERVAL_LEGEND, ""]
     sources = {f["id"]: f.get("source", "") for f in paper["systems_findings"]}
     body = []
     for r in results:
