@@ -99,3 +99,30 @@ def test_a_task_defined_here_fine_tunes_through_the_cli(smoke_study, monkeypatch
     assert 0 < len(test) == len(predictions) and {p["answer"] for p in predictions} <= set(ANSWERS)
     assert metrics["test"] == task.score(predictions, "test")
     assert "vqa_yes_no" not in registry.TABLE4_TASKS  # no Table 4 column: the report leaves it out
+
+
+def test_each_table4_task_s_item_scores_average_to_its_official_accuracy(smoke_study):
+    """Task.item_scores (the report's paired statistics) per item, under the official metric: their
+    mean is `score`'s accuracy, for predictions right on some items and wrong on others."""
+    import pytest
+
+    from vlbert.registry import TABLE4_TASKS, TASKS
+
+    for name in TABLE4_TASKS:
+        task = build(name, None, smoke_study["data"], smoke_study["features"])
+        split = TASKS[name].table4_split
+        if name == "vqa":
+            ids = list(task.annotations(split))
+            predictions = [{"question_id": q, "answer": ("yes", "no", "red")[k % 3]} for k, q in enumerate(ids)]
+        elif name.startswith("vcr"):
+            key = "answer" if name == "vcr_q2a" else "rationale"
+            predictions = [{"annot_id": a, key: k % 4} for k, a in enumerate(task._labels(split))]
+        else:
+            expressions = [e for s in TASKS[name].splits[split] for e in task.dataset.expressions(s)]
+            predictions = [
+                {"sent_id": e.sent_id, "bbox": e.bbox if k % 2 else [0.0, 0.0, 1.0, 1.0]}
+                for k, e in enumerate(expressions)
+            ]
+        items = task.item_scores(predictions, split)
+        assert len(items) == len(predictions) and 0 < sum(items.values()) < 100 * len(items), name
+        assert sum(items.values()) / len(items) == pytest.approx(task.score(predictions, split)["accuracy"], abs=0.006)
