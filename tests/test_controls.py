@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vlbert.evaluation.floors import word_subsets
-from vlbert.evaluation.vqa_eval import pair_accuracy
+from vlbert.evaluation.vqa_eval import pair_accuracy, question_accuracy
 from vlbert.tasks.regions import Regions, with_other_images
 
 
@@ -70,7 +70,14 @@ def test_a_pair_counts_only_when_both_members_get_their_answer():
     # the minority answer of a member scores partial official accuracy, but not a right member
     noisy = {1: _annotation("red", ["blue"] * 3), 2: _annotation("blue")}
     assert pair_accuracy(noisy, {1: "blue", 2: "blue"}, [(1, 2)]) == 0.0
-    assert pair_accuracy(annotations, {1: " Red.", 2: "blue"}, [(1, 2)]) == 100.0  # normalised as officially
+    # Compared as the official accuracy compares: ten humans "red" leave " Red." unnormalised (0
+    # there, so not a right member); humans who disagree normalise it. Seen: "SQUARE" against ten
+    # "square" scored 0 officially and made a right member.
+    assert pair_accuracy(annotations, {1: " Red.", 2: "blue"}, [(1, 2)]) == 0.0
+    assert pair_accuracy(noisy, {1: " Red.", 2: "blue"}, [(1, 2)]) == 100.0
+    square = {1: _annotation("square"), 2: _annotation("blue")}
+    assert pair_accuracy(square, {1: "SQUARE", 2: "blue"}, [(1, 2)]) == 0.0
+    assert question_accuracy("SQUARE", ["square"] * 10) == 0.0
     with pytest.raises(ValueError, match="no complementary pair"):
         pair_accuracy(annotations, {}, [(1, 9)])
 
@@ -97,3 +104,12 @@ def test_a_training_fraction_is_the_same_examples_for_every_run():
     assert training_subset(5, 0.01) == training_subset(5, 0.01) and len(training_subset(5, 0.01)) == 1
     with pytest.raises(ValueError, match="in \\(0, 1\\]"):
         training_subset(10, 0.0)
+
+
+def test_refcoco_s_pooled_accuracy_is_pooled_before_rounding():
+    # Seen: 405 of 731 expressions right scored 55.41, the testA and testB figures pooled after
+    # each was rounded; it is 55.40.
+    from vlbert.tasks.refcoco import _pooled
+
+    assert _pooled([True] * 405 + [False] * 326) == 55.40
+    assert _pooled(iter([True, False, False])) == 33.33

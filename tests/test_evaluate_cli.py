@@ -394,3 +394,40 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, capsys, arguments, erro
     assert main(["evaluate", *arguments(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert error in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_predictions_file_that_answers_an_item_twice_is_refused_naming_it(refcoco_fixture, tmp_path, capsys):
+    # Seen: a second VQA answer for one question_id (another answer) scored 97.22 and exited 0; a
+    # duplicated VCR annot_id alike.
+    vqa = tmp_path / "vqa.json"
+    vqa.write_text(
+        json.dumps(
+            [{"question_id": q, "answer": "red"} for q in (420, 421, 730)] + [{"question_id": 421, "answer": "two"}]
+        )
+    )
+    vcr = json.loads((FIXTURES / "vcr/predictions.json").read_text())
+    (tmp_path / "vcr.json").write_text(json.dumps([*vcr, vcr[0]]))
+    refcoco = tmp_path / "refcoco.json"
+    refcoco.write_text(json.dumps([{"sent_id": s, "bbox": [0, 0, 1, 1]} for s in (0, 1, 2, 3, 3, 2)]))
+    cases = [
+        (_vqa_arguments(vqa), "vqa.json: 1 question_ids predicted more than once: 421 (records 1 and more)"),
+        (
+            [
+                "evaluate",
+                "vcr",
+                "--annotations",
+                str(FIXTURES / "vcr/val.jsonl"),
+                "--predictions",
+                str(tmp_path / "vcr.json"),
+            ],
+            f"vcr.json: 1 annot_ids predicted more than once: {vcr[0]['annot_id']!r}",
+        ),
+        (
+            ["evaluate", "refcoco", "--root", str(refcoco_fixture), "--predictions", str(refcoco)],
+            "refcoco.json: 2 sent_ids predicted more than once: 3 (records 3 and more), 2 (records 2 and more)",
+        ),
+    ]
+    for arguments, error in cases:
+        assert main(arguments) == 2
+        err = capsys.readouterr().err
+        assert error in err and len(err.strip().splitlines()) == 1

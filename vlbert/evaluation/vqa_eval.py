@@ -225,6 +225,12 @@ def normalize_answer(answer: str) -> str:
     return process_digit_article(process_punctuation(_strip(answer)))
 
 
+def _humans_disagree(records: list[dict]) -> bool:
+    """The official code normalises answers (punctuation, digits, articles) only for a question
+    whose human answers are not all the same string."""
+    return len({r["answer"] for r in records}) > 1
+
+
 def question_accuracy(prediction: str, human_answers: list) -> float:
     """Soft accuracy of one prediction against the (usually 10) human answers, in [0, 1].
 
@@ -237,7 +243,7 @@ def question_accuracy(prediction: str, human_answers: list) -> float:
         for k, h in enumerate(human_answers)
     ]
     predicted = _strip(prediction)
-    if len({r["answer"] for r in records}) > 1:
+    if _humans_disagree(records):
         records = [dict(r, answer=normalize_answer(r["answer"])) for r in records]
         predicted = normalize_answer(predicted)
     scores = []
@@ -276,12 +282,21 @@ def pair_accuracy(
 ) -> float:
     """The share of complementary pairs (the same question on two images with different answers)
     whose two members are both answered with their most common human answer
-    (`multiple_choice_answer`, both normalised as the official evaluation does), in percent. A
+    (`multiple_choice_answer`), in percent. A
     model that gives both members one answer, as any model that does not look at the image does,
-    scores 0. Pairs with a member outside `annotations` are left out; the measure of the VQA v2
-    paper's balanced pairs, not of the official code."""
+    scores 0. Answers are compared as the official accuracy compares them (normalised only where the
+    humans disagree). Pairs with a member outside `annotations` are left out; the measure of the
+    VQA v2 paper's balanced pairs, not of the official code."""
     kept = [(a, b) for a, b in pairs if a in annotations and b in annotations]
     if not kept:
         raise ValueError("no complementary pair has both questions annotated")
-    right = lambda q: normalize_answer(predictions[q]) == normalize_answer(annotations[q]["multiple_choice_answer"])
+
+    def right(q) -> bool:
+        # Compared as the official accuracy compares: normalised only where the humans disagree.
+        predicted, chosen = _strip(predictions[q]), _strip(annotations[q]["multiple_choice_answer"])
+        humans = [{"answer": _strip(h["answer"] if isinstance(h, dict) else h)} for h in annotations[q]["answers"]]
+        if _humans_disagree(humans):
+            predicted, chosen = normalize_answer(predicted), normalize_answer(chosen)
+        return predicted == chosen
+
     return round(100 * sum(right(a) and right(b) for a, b in kept) / len(kept), digits)

@@ -513,8 +513,8 @@ def _write_result(result: dict, out) -> None:
 def evaluate_vqa(args) -> int:
     """Predictions in the official results format, [{"question_id": ..., "answer": ...}], one per
     annotated question."""
-    from ..data.vqa import load_json, read_annotations
-    from ..evaluation.vqa_eval import vqa_accuracy
+    from ..data.vqa import complementary_pairs_name, load_json, read_annotations, read_complementary_pairs
+    from ..evaluation.vqa_eval import pair_accuracy, vqa_accuracy
 
     annotations = read_annotations(args.annotations)
     questions = load_json(args.questions, "VQA questions")["questions"]
@@ -522,9 +522,17 @@ def evaluate_vqa(args) -> int:
     annotations = {q: a for q, a in annotations.items() if q in asked}
     predictions = _predictions(args.predictions, "question_id", "answer", _is_answer, "a string")
     result = vqa_accuracy(annotations, predictions, source=args.predictions)
+    # VQA v2's complementary pairs beside the annotations (the synthetic world writes them for
+    # every set): both members right, the balanced pairs' measure.
+    pairs_file = Path(args.annotations).with_name(
+        complementary_pairs_name(Path(args.annotations).name.removeprefix("v2_mscoco_").split("_annotations")[0])
+    )
+    if pairs_file.is_file():
+        result["pair_accuracy"] = pair_accuracy(annotations, predictions, read_complementary_pairs(pairs_file))
     print(
         f"VQA accuracy: {result['overall']:.2f}  "
         + "  ".join(f"{k}: {v:.2f}" for k, v in result["perAnswerType"].items())
+        + (f"  pairs: {result['pair_accuracy']:.2f}" if "pair_accuracy" in result else "")
     )
     _write_result(result, args.out)
     return 0
@@ -609,9 +617,18 @@ def _records(path, key: str) -> list[dict]:
     records = load_json(path, "predictions")
     if not isinstance(records, list):
         raise DataFormatError(path, "predictions are a JSON list of objects")
+    seen, repeated = {}, []
     for k, record in enumerate(records):
         if not isinstance(record, dict) or key not in record:
             raise DataFormatError(path, f"missing key {key!r}", key=f"[{k}].{key}")
+        if record[key] in seen and record[key] not in repeated:
+            repeated.append(record[key])
+        seen.setdefault(record[key], k)
+    if repeated:
+        # A second answer for one question would replace the first unseen and move the score.
+        shown = ", ".join(f"{i!r} (records {seen[i]} and more)" for i in repeated[:5])
+        more = f" and {len(repeated) - 5} more" if len(repeated) > 5 else ""
+        raise DataFormatError(path, f"{len(repeated)} {key}s predicted more than once: {shown}{more}")
     return records
 
 

@@ -64,21 +64,21 @@ class RefCOCOTask(Task):
 
     def score(self, predictions, split):
         from ..evaluation.floors import word_subsets
-        from ..evaluation.refcoco_eval import refcoco_accuracy
+        from ..evaluation.refcoco_eval import refcoco_accuracy, refcoco_hits
 
         expressions = [e for name in self.spec.splits[split] for e in self.dataset.expressions(name)]
         boxes = {p["sent_id"]: p["bbox"] for p in predictions}
         result = refcoco_accuracy(expressions, boxes)
-        counts = result.pop("n_expressions")
+        result.pop("n_expressions")
+        hits = refcoco_hits(expressions, boxes)
         scores = {
-            "accuracy": _pooled(result, counts),
+            "accuracy": _pooled(hits.values()),
             **({f"accuracy_{s}": v for s, v in result.items()} if len(result) > 1 else {}),
         }
         # Expressions with a word rare in fine-tuning (and the others), as nocaps scores novel objects.
         for subset, ids in word_subsets(expressions, self._train_expressions()).items():
             if ids:
-                part = refcoco_accuracy([e for e in expressions if e.sent_id in ids], {i: boxes[i] for i in ids})
-                scores[f"accuracy_{subset}"] = _pooled(part, part.pop("n_expressions"))
+                scores[f"accuracy_{subset}"] = _pooled(hits[i] for i in ids)
         return scores
 
     def item_scores(self, predictions, split):
@@ -94,6 +94,8 @@ class RefCOCOTask(Task):
         return [e for name in self.spec.splits["train"] for e in self.dataset.expressions(name)]
 
 
-def _pooled(accuracy: dict[str, float], counts: dict[str, int]) -> float:
-    """The accuracy over several splits' expressions from each split's (refcoco_accuracy's)."""
-    return round(sum(accuracy[s] * counts[s] for s in counts) / sum(counts.values()), 2)
+def _pooled(hits) -> float:
+    """The accuracy (percent) over several splits' expressions, from each expression's hit: pooled
+    before rounding (pooling the splits' rounded figures moved it by up to 0.01)."""
+    hits = list(hits)
+    return round(100 * sum(hits) / len(hits), 2)
