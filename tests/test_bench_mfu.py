@@ -1,0 +1,35 @@
+"""bench/mfu.py: the FLOPs it counts for a step and the peak it divides them by."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "mfu.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("mfu", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_step_s_flops_are_six_per_weight_and_token_plus_attention():
+    mfu = _bench()
+    # BERT-base's 85 M parameters outside the embeddings, 32 x 77 tokens: 6 N T + 12 L d S T.
+    tokens = 32 * 77
+    assert (
+        mfu.model_flops_per_step(85_000_000, 12, 768, 32, 77) == 6 * 85_000_000 * tokens + 12 * 12 * 768 * 77 * tokens
+    )
+
+
+def test_the_peak_is_given_or_the_card_s_or_measured_on_the_cpu():
+    mfu = _bench()
+    assert mfu.peak_flops("cuda", "bf16", 500.0) == (500e12, "given (--peak-tflops)")
+    peak, source = mfu.peak_flops("cpu", "fp32", None)
+    assert peak > 1e9 and "2048^3 fp32 matmul" in source
+    with pytest.raises(SystemExit, match="no peak figure"):
+        mfu.PEAK_BF16_TFLOPS.clear()
+        mfu.torch.cuda.get_device_name = lambda device: "a card"
+        mfu.peak_flops("cuda", "bf16", None)
