@@ -82,8 +82,8 @@ class Tracker(Protocol):
 
     def log_params(self, params: dict) -> None: ...
     def log_metrics(self, metrics: dict, step: int | None = None) -> None: ...
-    def log_metric_rows(self, rows: list[tuple[dict, int]]) -> None:
-        """Several steps' metrics at once (`(metrics, step)` each): one write to the store."""
+    def log_metric_rows(self, rows: list[tuple[dict, int, float]]) -> None:
+        """Several steps' metrics at once (`(metrics, step, unix time)` each): one write to the store."""
 
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict) -> None: ...
@@ -111,7 +111,7 @@ class NullTracker:
         pass
 
     def log_metric_rows(self, rows):
-        for metrics, step in rows:
+        for metrics, step, _ in rows:
             self.log_metrics(metrics, step)
 
     def log_artifact(self, path, artifact_path=None):
@@ -372,13 +372,14 @@ class MLflowTracker:
             self.run_id, metrics=[Metric(k, float(v), now, step or 0) for k, v in _flatten(metrics).items()]
         )
 
-    def log_metric_rows(self, rows: list[tuple[dict, int]]) -> None:
-        import time
-
+    def log_metric_rows(self, rows: list[tuple[dict, int, float]]) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        entries = [Metric(k, float(v), now, step or 0) for metrics, step in rows for k, v in _flatten(metrics).items()]
+        entries = [
+            Metric(k, float(v), int(when * 1000), step or 0)
+            for metrics, step, when in rows
+            for k, v in _flatten(metrics).items()
+        ]
         for start in range(0, len(entries), 1000):  # MLflow's limit of metrics per batch
             self.client.log_batch(self.run_id, metrics=entries[start : start + 1000])
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 
 from .. import io
 from ..tracking import EPOCH_METRIC, RESUMED_TAG, val_metric
@@ -97,7 +98,7 @@ class Tracking(Callback):
 
     def __init__(self, tracker):
         self.tracker = tracker
-        self._rows: list[tuple[dict, int]] = []  # logged steps not yet written to the store
+        self._rows: list[tuple[dict, int, float]] = []  # logged steps (and when) not yet written to the store
 
     def on_train_start(self, loop, resumed):
         """Continue the folder's last run if the checkpoint resumed is of its training (one copied
@@ -131,7 +132,7 @@ class Tracking(Callback):
         """Kept until the loop writes a checkpoint (one write to the store then, not one every
         `log_every` steps): a run resumed from that checkpoint has lost none of its history."""
         if is_main_process():
-            self._rows.append((dict(logs), loop.state.step))
+            self._rows.append((dict(logs), loop.state.step, time.time()))
 
     def on_validation_end(self, loop, epoch, metrics):
         """The epoch's rows written now: a sweep's scheduler may end the trial in the callback after."""
@@ -139,7 +140,7 @@ class Tracking(Callback):
             return
         if metrics:
             logged = {val_metric(k): v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self._rows.append((logged | {EPOCH_METRIC: epoch + 1}, loop.state.step))
+            self._rows.append((logged | {EPOCH_METRIC: epoch + 1}, loop.state.step, time.time()))
         self._flush()
 
     def on_checkpoint(self, loop):
