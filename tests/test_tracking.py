@@ -138,3 +138,19 @@ def test_a_run_ended_as_gone_goes_on_when_its_folder_resumes_or_says_why_it_neve
     assert why.startswith("its process (PID") and why.endswith(
         "; not continued, as it stopped before its first checkpoint"
     )
+
+
+def test_the_study_s_experiment_opens_on_its_training_runs(tmp_path):
+    # Seen: MLflow 3's UI opened the study's experiment on its GenAI overview (traces, an empty
+    # dashboard); it reads the experiment's kind from this tag.
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MLflowTracker(uri, "vlbert-ablation-smoke", "job", {}, system_metrics=False)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("vlbert-ablation-smoke")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    # An experiment made before the tag was set gets it from the study's next job.
+    older = client.create_experiment("vlbert-ablation-older")
+    MLflowTracker(uri, "vlbert-ablation-older", "job", {}, system_metrics=False)
+    assert client.get_experiment(older).tags["mlflow.experimentKind"] == "custom_model_development"

@@ -27,6 +27,9 @@ STAGE_TAG, SETTING_TAG, TASK_TAG, SEED_TAG, LR_TAG = "stage", "setting", "task",
 PRESET_TAG = "preset"
 TRAIN_FRACTION_TAG = "train_fraction"  # a fine-tuning run on a share of its training set (absent: all of it)
 GIT_COMMIT_TAG = "git_commit"
+# MLflow 3's UI opens an experiment on what this tag says it is (without it: its GenAI overview of
+# traces); the study's runs are model training.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own: a sweep trial's sweep run, nested under it in the UI
 ENDED_TAG = "vlbert.ended"  # why a run was ended from outside (KILLED by `abandon`, `end_dead_runs`)
 RESUMED_TAG = "vlbert.resumed_at_step"  # the step a resumed training went on from
@@ -261,8 +264,12 @@ class MLflowTracker:
                 self.experiment_id = (
                     found.experiment_id
                     if found
-                    else self.client.create_experiment(experiment, artifact_location=artifact_root(uri))
+                    else self.client.create_experiment(
+                        experiment, artifact_location=artifact_root(uri), tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+                    )
                 )
+                if found and found.tags.get(EXPERIMENT_KIND_TAG) is None:  # made before the tag was set
+                    self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         except Exception as exc:  # the store's own errors vary by backend; all mean "unreachable"
             raise TrackingStoreError(f"MLflow tracking store {uri!r} cannot be reached: {exc}") from exc
         end_dead_runs(uri, experiment)  # a study's next job ends the runs its killed jobs left
