@@ -226,3 +226,20 @@ def test_a_continued_run_keeps_its_params_and_takes_its_new_sweep_run(tmp_path):
     assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "loss")] == [2, 4]
     gone = MLflowTracker(uri, "e", "trial", {}, system_metrics=False)
     assert gone.start(continue_run="0" * 32) not in (run_id, "0" * 32)  # not in the store: a new run
+
+
+def test_a_fine_tuning_run_shows_its_data_family_and_figures_in_mlflow(smoke_study, tmp_path, monkeypatch):
+    # Seen: the runs table's Dataset column empty (no run logged its inputs), no family tag.
+    finetune, runs, client = _tracked_finetune(smoke_study, tmp_path, monkeypatch)
+    assert finetune("0.001") == 0
+    [run] = runs()
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"vqa train", "vqa val", "vqa test"}
+    contexts = {name: {t.key: t.value for t in d.tags}["mlflow.data.context"] for name, d in inputs.items()}
+    assert contexts == {"vqa train": "training", "vqa val": "validation", "vqa test": "test"}
+    assert all(len(d.dataset.digest) == 16 and d.dataset.source.endswith('.h5"}') for d in inputs.values())
+    assert run.data.tags["family"] == "vlbert" and run.data.tags["setting"] == "no_pretrain"
+    assert {"final_test_accuracy", "final_test_shuffled_images_accuracy", "best_epoch"} <= set(run.data.metrics)
+    # Step metrics are written a batch at a time and keep the times they were logged at.
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert len(losses) > 1 and len({m.timestamp for m in losses}) > 1

@@ -9,6 +9,7 @@ are the format both sides share.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -24,6 +25,7 @@ from .layout import Layout
 # Tags: where a run sits in the study (its stage, then setting, task, seed and learning rate,
 # as far as they apply), and what the run is made from.
 STAGE_TAG, SETTING_TAG, TASK_TAG, SEED_TAG, LR_TAG = "stage", "setting", "task", "seed", "lr"
+FAMILY_TAG = "family"  # the setting's model family (vlbert.registry.FAMILIES)
 PRESET_TAG = "preset"
 TRAIN_FRACTION_TAG = "train_fraction"  # a fine-tuning run on a share of its training set (absent: all of it)
 GIT_COMMIT_TAG = "git_commit"
@@ -88,6 +90,9 @@ class Tracker(Protocol):
     def log_metric_rows(self, rows: list[tuple[dict, int, float]]) -> None:
         """Several steps' metrics at once (`(metrics, step, unix time)` each): one write to the store."""
 
+    def log_datasets(self, datasets: list[dict]) -> None:
+        """The data the run reads, each {name, digest, source, context, profile}: MLflow's inputs."""
+
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
@@ -116,6 +121,9 @@ class NullTracker:
     def log_metric_rows(self, rows):
         for metrics, step, _ in rows:
             self.log_metrics(metrics, step)
+
+    def log_datasets(self, datasets):
+        pass
 
     def log_artifact(self, path, artifact_path=None):
         pass
@@ -279,7 +287,7 @@ class MLflowTracker:
         self.uri, self.run_name, self.system_metrics = uri, run_name, system_metrics
         self.run_tags = {k: str(v) for k, v in tags.items()}
         self._run_id = None
-        self._params, self._tags = {}, {}  # given before the run started
+        self._params, self._tags, self._datasets = {}, {}, []  # given before the run started
         self._kept = set()  # params the continued run holds already
         self._system = None
 
@@ -313,7 +321,8 @@ class MLflowTracker:
             ).info.run_id
         self._log_params(self._params)
         self.set_tags(self._tags)
-        self._params, self._tags = {}, {}
+        self.log_datasets(self._datasets)
+        self._params, self._tags, self._datasets = {}, {}, []
         if self.system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
@@ -390,6 +399,27 @@ class MLflowTracker:
         for start in range(0, len(entries), 1000):  # MLflow's limit of metrics per batch
             self.client.log_batch(self.run_id, metrics=entries[start : start + 1000])
 
+    def log_datasets(self, datasets: list[dict]) -> None:
+        """MLflow's run inputs (the runs table's Dataset column), logged when the run starts; a
+        continued run has them already."""
+        if self._run_id is None:
+            self._datasets = list(datasets)
+            return
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        if not datasets or self._kept:
+            return
+        inputs = [
+            DatasetInput(
+                Dataset(
+                    d["name"], d["digest"], "local", json.dumps({"uri": d["source"]}), profile=json.dumps(d["profile"])
+                ),
+                [InputTag("mlflow.data.context", d["context"])],
+            )
+            for d in datasets
+        ]
+        self.client.log_inputs(self.run_id, datasets=inputs)
+
     def log_artifact(self, path, artifact_path: str | None = None) -> None:
         path = Path(path)
         if path.is_dir():
@@ -416,11 +446,14 @@ def make_tracker(
 ) -> Tracker:
     if not enabled or os.environ.get("VLBERT_NO_TRACKING") == "1":
         return NullTracker()
+    from .registry import SETTINGS
+
+    family = {FAMILY_TAG: SETTINGS[tags[SETTING_TAG]].family} if tags.get(SETTING_TAG) in SETTINGS else {}
     return MLflowTracker(
         default_tracking_uri(config),
         experiment_name(config),
         run_name,
-        {PRESET_TAG: config["name"], **tags},
+        {PRESET_TAG: config["name"], **family, **tags},
         parent_run_id,
     )
 

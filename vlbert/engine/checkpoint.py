@@ -11,6 +11,7 @@ on and the identities of its input files. A run resumes only a checkpoint of its
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,6 +34,11 @@ def input_identity(source) -> dict | str | None:
         if source is not None and Path(source).exists()
         else (None if source is None else str(source))
     )
+
+
+def dataset_digest(source) -> str:
+    """A short digest of an input's identity (`input_identity`), as MLflow's dataset records keep one."""
+    return hashlib.sha256(json.dumps(input_identity(source), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def normalise_identity(identity: dict) -> dict:

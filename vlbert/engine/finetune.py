@@ -21,7 +21,7 @@ from .. import io, tasks
 from ..config import finetune_epochs, finetune_options
 from ..detection.identity import study_detector
 from ..registry import FAMILIES
-from ..tasks.regions import feature_mean, with_other_images
+from ..tasks.regions import feature_mean, features_path, with_other_images
 from ..tracking import (
     BEST_EPOCH_METRIC,
     PARAMETERS_METRIC,
@@ -30,7 +30,7 @@ from ..tracking import (
     final_metric,
 )
 from .build import build_model
-from .checkpoint import input_identity
+from .checkpoint import dataset_digest, input_identity
 from .context import TrainingContext
 from .device import move_to
 from .distributed import is_main_process, world_size
@@ -165,6 +165,24 @@ class FinetuneStage(Stage):
             "train_examples": len(self.train),
             "val_examples": len(self.val),
         }
+
+    def datasets(self):
+        # The feature store each split reads: its content's digest (as the run's identity has it) names it.
+        splits = {"train": ("training", len(self.train)), "val": ("validation", len(self.val))}
+        if self.score_test:
+            splits["test"] = ("test", None)
+        return [
+            {
+                "name": f"{self.task_name} {split}"
+                + (f" ({self.train_fraction:.0%})" if split == "train" and self.train_fraction < 1 else ""),
+                "digest": dataset_digest(path),
+                "source": str(path),
+                "context": context,
+                "profile": {"items": items, "train_fraction": self.train_fraction} if items else {},
+            }
+            for split, (context, items) in splits.items()
+            for path in [features_path(self.context.inputs.features_dir, self.task.spec.stores[split])]
+        ]
 
     def make_batch(self, epoch, b):
         order = epoch_order(len(self.train), self.seed, epoch)

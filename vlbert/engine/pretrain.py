@@ -35,7 +35,7 @@ from ..tasks.pretraining import (
 )
 from ..tasks.regions import feature_mean, features_path, open_store
 from .build import build_model
-from .checkpoint import input_identity
+from .checkpoint import dataset_digest, input_identity
 from .context import TrainingContext
 from .grounding import grounding_probe
 from .mlm_validation import validation_batches, visual_clue_accuracy
@@ -178,6 +178,20 @@ class PretrainStage(Stage):
             **visual_clue_accuracy(model, own, self.other_batches),
             **grounding_probe(model, self.context.processor, own.collate, own.examples, self.batch_size),
         }
+
+    def datasets(self):
+        # The captions' feature stores (their content's digest names them) and the text corpus.
+        features_dir, data_root = Path(self.context.inputs.features_dir), Path(self.context.inputs.data_root)
+        stores = [
+            (f"captions {s.split}", features_path(features_dir, s), c)
+            for s, c in ((PRETRAINING_STORES["train"], "training"), (PRETRAINING_STORES["val"], "validation"))
+        ]
+        if self.corpus is not None:
+            stores.append(("text corpus", data_root / "text_corpus" / "corpus.txt", "training"))
+        return [
+            {"name": name, "digest": dataset_digest(path), "source": str(path), "context": context, "profile": {}}
+            for name, path, context in stores
+        ]
 
     def identity(self) -> dict:
         # What this run is made from: a checkpoint of any other run is not resumed.

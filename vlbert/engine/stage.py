@@ -77,6 +77,11 @@ class Stage:
         """The validation metrics of `model` after an epoch (with `validates`)."""
         return {}
 
+    def datasets(self) -> list[dict]:
+        """The data the run reads, for the tracker's inputs: each {name, digest, source, context
+        (training, validation, test), profile (a dict: its items, a share of the training set)}."""
+        return []
+
     def identity(self) -> dict:
         """What the run is made from (preset values, arguments, its inputs' identities): kept in its
         checkpoint beside the weights and training state; a checkpoint of another is not resumed."""
@@ -100,6 +105,7 @@ def run_stage(
     Ray reporting). Returns the stage's result; with `max_steps` reached, only the loop's speed."""
     stage.setup()
     tracker.log_params(stage.params())
+    tracker.log_datasets(stage.datasets())
     model = wrap(stage.model, stage.device) if stage.data_parallel else stage.model
     preset = stage.preset
     loop = TrainingLoop(
