@@ -187,6 +187,28 @@ def test_validation_every_few_epochs_keeps_the_best_validated_epoch_and_scores_t
     assert state.best_epoch == 3 and state.best_metric == 0.9
 
 
+def test_a_sweep_reads_a_trial_s_whole_curve_from_its_checkpoint(tmp_path):
+    # Seen: a killed sweep run again chose from the epochs its resumed trial ran the second time
+    # (val_epochs [[4]] against [[1, 2, 3, 4]]): the earlier ones were Ray's, lost with the job.
+    from vlbert.study.sweep import checkpoint_curve
+
+    assert checkpoint_curve(tmp_path) is None  # no checkpoint: Ray's own record stands
+    scores = iter([40.0, 55.0, 52.0])
+    loop = tiny_loop(
+        tmp_path,
+        {"lr": 0.1},
+        select_metric="accuracy",
+        evaluate=lambda model: {"accuracy": next(scores), "n": 250},
+        epochs=5,
+        validate_every=2,
+    )
+    loop.fit()
+    assert checkpoint_curve(tmp_path) == ([40.0, 55.0, 52.0], [2, 4, 5], 250)
+    again = tiny_loop(tmp_path, {"lr": 0.1}, select_metric="accuracy", evaluate=lambda model: {}, epochs=5)
+    again.fit()  # a finished trial resumed: it runs no epoch and its checkpoint keeps the curve
+    assert again.steps_timed == 0 and checkpoint_curve(tmp_path)[1] == [2, 4, 5]
+
+
 def test_a_finished_run_writes_its_best_weights_again(tmp_path):
     # Seen: Snakemake deleted best/ of a killed job; the re-run found its finished checkpoint and
     # never wrote best/ again (MissingOutputException on every later run).
@@ -236,7 +258,7 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(smoke_study, 
         pass
 
 
-@pytest.mark.parametrize("verb", ["pretrain", "finetune"])
+@pytest.mark.parametrize("verb", ["pretrain", "finetune", "sweep"])
 def test_a_second_run_stops_before_its_set_up(verb, tmp_path, monkeypatch, capsys):
     # Seen: the folder was taken after set-up (the preset, tokenizer, MLflow run: over a minute on
     # a loaded machine), so two runs started together both did their set-up before one stopped.
@@ -260,6 +282,7 @@ def test_a_second_run_stops_before_its_set_up(verb, tmp_path, monkeypatch, capsy
     args = {
         "pretrain": ["--setting", "a"],
         "finetune": ["--setting", "no_pretrain", "--task", "vqa", "--lr", "0.001", "--seed", "0"],
+        "sweep": ["--setting", "no_pretrain", "--task", "vqa"],  # seen: nothing held a sweep's folder
     }[verb]
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -405,13 +405,19 @@ def sweep(args) -> int:
     task's validation accuracy (a trial stopped only beyond the val split's noise), the choice
     (the preset's rate unless another beats it beyond that noise) written to OUT/<task>/best.json.
     MLflow: a parent run per task with a child run per trial."""
+    from ..registry import setting
+
+    chosen = setting(args.setting)
+    with _holding(Path(args.out)):  # a second sweep into the folder stops at once
+        return _sweep(args, chosen)
+
+
+def _sweep(args, chosen) -> int:
     import os
 
-    from ..registry import setting
     from ..tracking import make_tracker
     from .sweep import run_sweeps
 
-    chosen = setting(args.setting)
     context = _training_context(args, "sweep", {SETTING_TAG: chosen.name}, tracked=False, setting=chosen)
 
     def parent(task):

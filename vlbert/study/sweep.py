@@ -624,9 +624,15 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
         curve = history[METRIC].tolist() if history is not None and METRIC in history else []
         items = history[ITEMS].dropna().tolist() if history is not None and ITEMS in history else []
         epochs = history[EPOCH_METRIC].astype(int).tolist() if history is not None and EPOCH_METRIC in history else []
-        trials[result.config["trial"]["task"]].append(
+        task, lr = result.config["trial"]["task"], result.config["trial"]["lr"]
+        # A trial that resumed (a killed or finished sweep run again) reports only the epochs it ran
+        # this time: its checkpoint holds every epoch's validation.
+        recorded = checkpoint_curve(trial_dir(out / task, lr))
+        if recorded is not None and len(recorded[0]) >= len(curve):
+            curve, epochs, items = recorded[0], recorded[1], [recorded[2]] if recorded[2] else items
+        trials[task].append(
             {
-                "lr": result.config["trial"]["lr"],
+                "lr": lr,
                 "best_val_accuracy": max(curve) if curve else None,
                 "val_items": int(items[-1]) if items else None,
                 "val_accuracy_by_epoch": curve,
@@ -635,6 +641,20 @@ def _tune(preset, setting_name, tasks, out, parent_run_ids, inputs: RunInputs, d
             }
         )
     return trials
+
+
+def checkpoint_curve(folder: Path) -> tuple[list[float], list[int], int | None] | None:
+    """A trial's validation accuracy per validated epoch, those epochs (from 1) and the val items,
+    from the latest checkpoint in its folder (the training loop keeps every epoch's metrics there);
+    None without one."""
+    from ..engine.checkpoint import latest_checkpoint, read_state
+
+    found = latest_checkpoint(Path(folder) / "checkpoint")
+    if found is None:
+        return None
+    accuracy, items = METRIC.removeprefix(VAL_PREFIX), ITEMS.removeprefix(VAL_PREFIX)
+    points = [(epoch + 1, m) for epoch, m in enumerate(read_state(found)["extra"]["history"]) if accuracy in m]
+    return [m[accuracy] for _, m in points], [e for e, _ in points], (points[-1][1].get(items) if points else None)
 
 
 def _absolute_inputs(inputs: RunInputs) -> dict:
