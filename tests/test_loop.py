@@ -424,3 +424,18 @@ def test_loader_workers_pin_batches_on_cuda(tmp_path):
     assert workers.pin_memory
     workers.fit()
     assert worker_losses.seen == thread_losses.seen
+
+
+def test_a_run_whose_own_checkpoint_is_damaged_sets_it_aside_and_starts_over(tmp_path, capsys):
+    # Seen: a killed run whose checkpoint/state.safetensors was cut short failed the same way on
+    # every re-run and never healed.
+    tiny_loop(tmp_path, {"lr": 0.1}).fit()
+    finished = saved_weights(tmp_path / "best")
+    state = tmp_path / "checkpoint" / "state.safetensors"
+    state.write_bytes(state.read_bytes()[:100])
+    loop = tiny_loop(tmp_path, {"lr": 0.1})
+    loop.fit()
+    assert "not resuming from a damaged checkpoint" in capsys.readouterr().err
+    assert loop.not_resumed == "its checkpoint was damaged" and loop.steps_timed == 20  # trained again
+    assert (tmp_path / "checkpoint.corrupt").is_dir()
+    assert all(torch.equal(finished[k], v) for k, v in saved_weights(tmp_path / "best").items())

@@ -799,3 +799,25 @@ def test_vcr_head_reads_centred_candidates_when_its_config_says(smoke_detector, 
     four = VisualInputs(*(t.expand(4, *t.shape[1:]) for t in (one.boxes, one.image_sizes, one.roi_mask, one.features)))
     batch = {**pad_batch(encodings), "visual": four}
     assert_reads_centred_candidates(lambda **config: build(VLBertForVCR, smoke_detector, **config), batch)
+
+
+def test_a_checkpoint_changed_or_cut_short_after_it_was_written_is_refused_naming_the_file(tmp_path):
+    # Seen: one flipped bit in a pre-trained model.safetensors trained on without a word; a truncated
+    # one stopped with a 37-line SafetensorError traceback that named no file.
+    from vlbert.io import CorruptCheckpointError
+
+    good = tmp_path / "good"
+    VLBertForPreTraining(tiny_config()).save_pretrained(good)
+    assert json.loads((good / "digests.json").read_text()).keys() >= {"model.safetensors", "config.json"}
+    VLBertForPreTraining.from_pretrained(good)  # as written: loads
+    weights = good / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0x01  # one bit
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=rf"{weights} does not match the digest recorded"):
+        VLBertForPreTraining.from_pretrained(good)
+    # One written before digests were kept, cut short: still one error naming the checkpoint.
+    weights.write_bytes(bytes(data[: len(data) // 2]))
+    (good / "digests.json").unlink()
+    with pytest.raises(CorruptCheckpointError, match=rf"{good}: its weights cannot be read"):
+        VLBertForPreTraining.from_pretrained(good)

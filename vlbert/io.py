@@ -145,3 +145,55 @@ def file_identity(path) -> dict | str | None:
         for block in iter(lambda: f.read(2**20), b""):
             digest.update(block)
     return f"sha256 {digest.hexdigest()}"
+
+
+# ---- a folder's files, checked before use -----------------------------------------------------
+
+DIGESTS_FILE = "digests.json"  # a checkpoint folder's files and their SHA-256, written last
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint's files are not the ones it was written with (changed, cut short, missing)."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_digests(folder) -> None:
+    """Record the SHA-256 of every file in `folder` (digests.json, written whole and last), for
+    `digest_problem` to check before the folder is used."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (DIGESTS_FILE, ".lock", ".lock.pid"))
+    write_json(folder / DIGESTS_FILE, {str(p.relative_to(folder)): _sha256(p) for p in files}, indent=1)
+
+
+def digest_problem(folder) -> str | None:
+    """Why `folder`'s files differ from the digests it recorded (a file missing, changed or cut
+    short), or None: they match, or it records none (written before digests were kept)."""
+    folder = Path(folder)
+    recorded = folder / DIGESTS_FILE
+    if not recorded.is_file():
+        return None
+    try:
+        digests = json.loads(recorded.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return f"{recorded} is not the JSON it was written as"
+    for name, expected in digests.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if _sha256(path) != expected:
+            return f"{path} does not match the digest recorded when it was written (changed or cut short)"
+    return None
+
+
+def check_checkpoint(folder) -> None:
+    """Refuse a checkpoint folder whose files fail their recorded digests, naming the file."""
+    problem = digest_problem(folder)
+    if problem is not None:
+        raise CorruptCheckpointError(f"{problem}: the checkpoint {folder} cannot be used; make it again")

@@ -11,6 +11,7 @@ on and the identities of its input files. A run resumes only a checkpoint of its
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..io import file_identity
+from ..io import digest_problem, file_identity, write_digests
 
 STATE_FILE = "state.json"
 STATE_TENSORS = "state.safetensors"
@@ -82,6 +83,7 @@ def save_checkpoint(
             "extra": extra or {},
         },
     )
+    write_digests(partial)  # the state's files too: a resume checks them all
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         os.replace(folder, old)
@@ -97,6 +99,23 @@ def latest_checkpoint(folder) -> Path | None:
         if (candidate / STATE_FILE).is_file():
             return candidate
     return None
+
+
+def latest_sound_checkpoint(folder) -> tuple[Path | None, list[str]]:
+    """`latest_checkpoint`, but one whose files fail their recorded digests (changed or cut short)
+    is set aside as `<name>.corrupt` (a later one replaces it), and the one before it, if any, is
+    taken. Returns the checkpoint (or None) and what was set aside, each with why."""
+    set_aside = []
+    while (found := latest_checkpoint(folder)) is not None:
+        problem = digest_problem(found)
+        if problem is None:
+            return found, set_aside
+        corrupt = found.with_name(Path(folder).name + ".corrupt")
+        shutil.rmtree(corrupt, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):  # another process of the run (DDP) did it
+            os.replace(found, corrupt)
+        set_aside.append(f"{problem}; set aside as {corrupt}")
+    return None, set_aside
 
 
 def write_state(folder, state: dict) -> None:

@@ -46,6 +46,7 @@ from .checkpoint import (
     discard_checkpoint,
     identity_differences,
     latest_checkpoint,
+    latest_sound_checkpoint,
     load_training_state,
     normalise_identity,
     read_state,
@@ -216,9 +217,12 @@ class TrainingLoop:
         return None
 
     def resume(self) -> bool:
-        found = latest_checkpoint(self.checkpoint_dir)
+        found, set_aside = latest_sound_checkpoint(self.checkpoint_dir)
+        for why in set_aside:
+            if is_main_process():
+                print(f"warning: not resuming from a damaged checkpoint: {why}", file=sys.stderr)
         if found is None:
-            self.not_resumed = "it stopped before its first checkpoint"
+            self.not_resumed = "its checkpoint was damaged" if set_aside else "it stopped before its first checkpoint"
             return False
         saved = read_state(found)
         reason = self._stale(found, saved)

@@ -41,9 +41,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import BertModel, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_NAME
+
+from ..io import CorruptCheckpointError, check_checkpoint, write_digests
 
 _TRANSFORMERS_LOADER = "transformers.modeling_utils"  # the logger of transformers' LOAD REPORT
 
@@ -217,15 +220,22 @@ class StudyPreTrainedModel(PreTrainedModel):
         pre-training checkpoint into a task head) leaves its head behind, and this model's own
         head starts new."""
         output_loading_info = kwargs.pop("output_loading_info", False)
+        if Path(pretrained_model_name_or_path).is_dir():
+            check_checkpoint(pretrained_model_name_or_path)
         # transformers' LOAD REPORT lists the other class's head left behind and this one's new;
         # held back, and shown only if the checkpoint does not fit (or a weight's shape differs).
         held, fits = _HeldLoadReport(), False
         report_logger = logging.getLogger(_TRANSFORMERS_LOADER)
         report_logger.addFilter(held)
         try:
-            model, info = super().from_pretrained(
-                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-            )
+            try:
+                model, info = super().from_pretrained(
+                    pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+                )
+            except SafetensorError as exc:  # one written before digests were kept, cut short
+                raise CorruptCheckpointError(
+                    f"{pretrained_model_name_or_path}: its weights cannot be read ({exc}): make the checkpoint again"
+                ) from None
             model._check_checkpoint_fits(pretrained_model_name_or_path, info)
             fits = not info["mismatched_keys"]
         finally:
@@ -277,6 +287,7 @@ class StudyPreTrainedModel(PreTrainedModel):
             for stale in folder.glob(f"{Path(SAFE_WEIGHTS_NAME).stem}*.safetensors*"):
                 if stale.name not in written:
                     stale.unlink()
+            write_digests(folder)  # what a load checks the files against
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
