@@ -439,3 +439,26 @@ def test_a_run_whose_own_checkpoint_is_damaged_sets_it_aside_and_starts_over(tmp
     assert loop.not_resumed == "its checkpoint was damaged" and loop.steps_timed == 20  # trained again
     assert (tmp_path / "checkpoint.corrupt").is_dir()
     assert all(torch.equal(finished[k], v) for k, v in saved_weights(tmp_path / "best").items())
+
+
+def test_a_write_that_cannot_be_done_is_one_error_naming_the_file_and_heals(tmp_path):
+    # Seen: with the file size limited (ulimit -f), fine-tuning stopped with a 35-line traceback
+    # ("File too large (os error 27)") naming no path; extraction the same from h5py.
+    import resource
+
+    from vlbert import io
+    from vlbert.io import WriteFailedError
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
+    try:
+        with pytest.raises(WriteFailedError, match=rf"{tmp_path / 'checkpoint'}: cannot be written: File too large"):
+            tiny_loop(tmp_path, {"lr": 0.1}).fit()
+        with pytest.raises(WriteFailedError, match=rf"{tmp_path / 'big.json'}: cannot be written: File too large"):
+            io.write_json(tmp_path / "big.json", list(range(1000)))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not (tmp_path / "checkpoint").exists() and not (tmp_path / "big.json").exists()
+    loop = tiny_loop(tmp_path, {"lr": 0.1})  # the same command, room again: it heals
+    loop.fit()
+    assert (tmp_path / "best" / "model.safetensors").is_file() and loop.state.epoch == 2

@@ -3,29 +3,65 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 
+class WriteFailedError(OSError):
+    """A file could not be written (the disk full, a file-size limit, no permission): the message
+    names the file, so the command's one line says what to free or fix."""
+
+
+# The system's errors of a write that cannot be done, however a library reports them: OSError's
+# errno, h5py's "errno = 27", safetensors' "(os error 27)".
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
+_ERRNO_IN_MESSAGE = re.compile(r"(?:errno = |os error )(\d+)")
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """Why `exc` says a write could not be done (the system's words for its errno), or None."""
+    number = exc.errno if isinstance(exc, OSError) and not isinstance(exc, WriteFailedError) else None
+    if number is None and (found := _ERRNO_IN_MESSAGE.search(str(exc))):
+        number = int(found.group(1))
+    return os.strerror(number) if number in _WRITE_ERRNOS else None
+
+
+@contextmanager
+def writing(path: str | os.PathLike):
+    """A block that writes `path`: a write that cannot be done (see `write_failure`) is raised as
+    WriteFailedError naming it, whatever library wrote."""
+    try:
+        yield
+    except Exception as exc:
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        raise WriteFailedError(f"{path}: cannot be written: {reason}") from exc
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside `path`; on success rename it into place."""
+    """Yield a temporary path beside `path`; on success rename it into place. Nothing is left at
+    `path` by a write that fails, which is raised naming it (`writing`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            yield Path(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def write_text(path, text: str) -> None:

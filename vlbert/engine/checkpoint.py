@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..io import digest_problem, file_identity, write_digests
+from ..io import digest_problem, file_identity, write_digests, writing
 
 STATE_FILE = "state.json"
 STATE_TENSORS = "state.safetensors"
@@ -67,6 +67,11 @@ def save_checkpoint(
     folder, model, optimizer, scheduler, position: dict, extra: dict | None = None, identity: dict | None = None
 ) -> None:
     folder = Path(folder)
+    with writing(folder):
+        _save_checkpoint(folder, model, optimizer, scheduler, position, extra, identity)
+
+
+def _save_checkpoint(folder: Path, model, optimizer, scheduler, position, extra, identity) -> None:
     partial = folder.with_name(folder.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)

@@ -46,7 +46,7 @@ from torch import nn
 from transformers import BertModel, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-from ..io import CorruptCheckpointError, check_checkpoint, write_digests
+from ..io import CorruptCheckpointError, check_checkpoint, write_digests, writing
 
 _TRANSFORMERS_LOADER = "transformers.modeling_utils"  # the logger of transformers' LOAD REPORT
 
@@ -280,7 +280,8 @@ class StudyPreTrainedModel(PreTrainedModel):
             kwargs.setdefault("repo_id", folder.name)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
         try:
-            super().save_pretrained(staging, *args, **kwargs)
+            with writing(folder):
+                super().save_pretrained(staging, *args, **kwargs)
             written = {path.name for path in staging.iterdir()}
             for name in sorted(written):
                 os.replace(staging / name, folder / name)
