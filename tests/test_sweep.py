@@ -50,6 +50,20 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
     assert all(t["val_epochs"] == list(range(1, len(t["val_epochs"]) + 1)) for t in refcoco["trials"])
     # Trials never look at test.
     assert not list((tmp_path / "sweep").rglob("predictions_test.json"))
+    # Run again (as after a kill between the trials' last checkpoints and best.json): the resumed
+    # trials run no epoch, and their curves come back from their checkpoints. Seen: best.json
+    # chose from the epochs a resumed trial ran again (val_epochs [[4]] against [[1, 2, 3, 4]]).
+    for task in ("refcoco_gt", "vqa"):
+        (tmp_path / "sweep" / task / "best.json").unlink()
+    again = run_sweeps(
+        preset,
+        "no_pretrain",
+        ["refcoco_gt", "vqa"],
+        tmp_path / "sweep",
+        RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"]),
+        cores=2,
+    )
+    assert again == best
     # The seeds re-run each task's chosen rate, every (task, seed) in OUT/<task>/seed<N>/; the
     # sweep's seed (0) continues the sweep's own trial of that rate, as the workflow does.
     assert (
