@@ -93,6 +93,9 @@ class Tracker(Protocol):
     def log_datasets(self, datasets: list[dict]) -> None:
         """The data the run reads, each {name, digest, source, context, profile}: MLflow's inputs."""
 
+    def inherit_history(self, run_id: str) -> None:
+        """The run starts with run `run_id`'s metric history (the sweep trial it continues)."""
+
     def log_artifact(self, path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: dict) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
@@ -123,6 +126,9 @@ class NullTracker:
             self.log_metrics(metrics, step)
 
     def log_datasets(self, datasets):
+        pass
+
+    def inherit_history(self, run_id):
         pass
 
     def log_artifact(self, path, artifact_path=None):
@@ -288,6 +294,7 @@ class MLflowTracker:
         self.run_tags = {k: str(v) for k, v in tags.items()}
         self._run_id = None
         self._params, self._tags, self._datasets = {}, {}, []  # given before the run started
+        self._inherited = None  # a run whose metric history the new run starts with
         self._kept = set()  # params the continued run holds already
         self._system = None
 
@@ -322,6 +329,8 @@ class MLflowTracker:
         self._log_params(self._params)
         self.set_tags(self._tags)
         self.log_datasets(self._datasets)
+        if self._inherited and run is None:
+            self._copy_history(self._inherited)
         self._params, self._tags, self._datasets = {}, {}, []
         if self.system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
@@ -419,6 +428,26 @@ class MLflowTracker:
             for d in datasets
         ]
         self.client.log_inputs(self.run_id, datasets=inputs)
+
+    def inherit_history(self, run_id: str) -> None:
+        """Copied into the run when it starts (not a continued one, which has it): run `run_id`'s
+        training and validation metrics, each step's value and time, so that a seed that continues
+        its sweep's trial shows the trial's curves."""
+        self._inherited = run_id
+
+    def _copy_history(self, source: str) -> None:
+        from mlflow.entities import Metric
+        from mlflow.exceptions import MlflowException
+
+        try:
+            keys = [k for k in self.client.get_run(source).data.metrics if not k.startswith("system/")]
+        except MlflowException:  # the trial's run is gone (another store, deleted): nothing to copy
+            return
+        points = [
+            Metric(k, m.value, m.timestamp, m.step) for k in keys for m in self.client.get_metric_history(source, k)
+        ]
+        for start in range(0, len(points), 1000):
+            self.client.log_batch(self._run_id, metrics=points[start : start + 1000])
 
     def log_artifact(self, path, artifact_path: str | None = None) -> None:
         path = Path(path)

@@ -313,6 +313,7 @@ def finetune(args) -> int:
     """Fine-tune on each task with its learning rate and each seed: per-epoch validation, best epoch
     kept, test scored once; predictions written as `vlbert evaluate` reads them."""
     from ..config import load_config
+    from ..engine.callbacks import TRACKING_FILE
     from ..engine.finetune import finetune as finetune_setting
     from ..registry import setting
     from .sweep import continue_trial
@@ -344,6 +345,9 @@ def finetune(args) -> int:
                     trial = continue_trial(Path(args.lr_from) / task, seed, out)
                     if trial is not None:
                         context.tracker.log_params({"continued_from_trial": str(trial)})
+                        recorded = trial / TRACKING_FILE  # the trial's MLflow run: its curves come along
+                        if recorded.is_file():
+                            context.tracker.inherit_history(json.loads(recorded.read_text())["run_id"])
                         print(f"finetune {chosen.name}/{task} seed {seed}: continuing the sweep's trial {trial}")
                 return finetune_setting(
                     context, chosen, task, lrs[task], seed, out, train_fraction=args.train_fraction
