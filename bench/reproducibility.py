@@ -117,6 +117,25 @@ def findings(report: Path, name: str) -> dict:
     return {f["id"]: f for f in json.loads(path.read_text())} if path.is_file() else {}
 
 
+def judgement(entry: dict) -> str | None:
+    """A delta's verdict: the report's (helps, hurts, not shown, from its 95% interval), or, in a
+    report written before intervals, its beyond-the-noise judgement read the same way."""
+    if "verdict" in entry and entry.get("low", "absent") != "absent":
+        return entry["verdict"]
+    beyond = entry.get("beyond_noise")
+    if beyond is None or entry.get("delta") is None:
+        return None
+    return ("helps" if entry["delta"] > 0 else "hurts") if beyond else "not shown"
+
+
+def overlap(a: dict, b: dict) -> bool | None:
+    """Whether two runs' 95% intervals of one delta overlap (None where either has none)."""
+    bounds = [a.get("low"), a.get("high"), b.get("low"), b.get("high")]
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in bounds):
+        return None
+    return bool(a["low"] <= b["high"] and b["low"] <= a["high"])
+
+
 def compare_findings(a: dict, b: dict) -> list[dict]:
     rows = []
     for key in sorted(a.keys() & b.keys()):
@@ -131,13 +150,24 @@ def compare_findings(a: dict, b: dict) -> list[dict]:
                     "task": task,
                     "delta_a": tasks_a[task]["delta"],
                     "delta_b": tasks_b[task]["delta"],
-                    "beyond_noise_a": tasks_a[task]["beyond_noise"],
-                    "beyond_noise_b": tasks_b[task]["beyond_noise"],
+                    "judged_a": judgement(tasks_a[task]),
+                    "judged_b": judgement(tasks_b[task]),
+                    "overlap": overlap(tasks_a[task], tasks_b[task]),
                     "verdict_a": a[key]["verdict"],
                     "verdict_b": b[key]["verdict"],
                 }
             )
     return rows
+
+
+def flipped(rows: pd.DataFrame) -> int:
+    """Deltas that one run says help and the other hurt."""
+    return int(
+        (
+            ((rows["judged_a"] == "helps") & (rows["judged_b"] == "hurts"))
+            | ((rows["judged_a"] == "hurts") & (rows["judged_b"] == "helps"))
+        ).sum()
+    )
 
 
 def main() -> None:
@@ -175,26 +205,32 @@ def main() -> None:
         print(table.round(2).to_string(index=False))
         verdicts = table.drop_duplicates("finding")
         same = (verdicts["verdict_a"] == verdicts["verdict_b"]).sum()
-        judged = (table["beyond_noise_a"] == table["beyond_noise_b"]).sum()
+        judged = (table["judged_a"] == table["judged_b"]).sum()
+        overlapping = table["overlap"].dropna()
         print(
-            f"same verdict: {same} of {len(verdicts)} findings; "
-            f"the same beyond-noise judgement: {judged} of {len(table)} task comparisons"
+            f"same verdict: {same} of {len(verdicts)} findings; the same task verdict (helps, hurts, not shown): "
+            f"{judged} of {len(table)}; helps in one run and hurts in the other: {flipped(table)}"
+            + (f"; intervals overlapping: {int(overlapping.sum())} of {len(overlapping)}" if len(overlapping) else "")
         )
 
     fractions = [args.a / "data_fractions.csv", args.b / "data_fractions.csv"]
     if all(path.is_file() for path in fractions):
         a, b = (pd.read_csv(path) for path in fractions)
+        for frame in (a, b):
+            frame["judged"] = [judgement({"delta": r["gap"], **r}) for r in frame.to_dict("records")]
         both = a.merge(b, on=["task", "fraction"], suffixes=("_a", "_b"))
         both["gap_diff_se"] = sum(both[f"{s}_se_{x}"] ** 2 for s in ("full", "no_pretrain") for x in "ab") ** 0.5
         both["within"] = (both["gap_b"] - both["gap_a"]).abs() <= 2 * both["gap_diff_se"]
         print("\ndata_fractions.csv (gap: full minus no_pretrain; gap_diff_se: the SE of the two gaps' difference):")
         print(
-            both[["task", "fraction", "gap_a", "gap_b", "gap_diff_se", "within", "beyond_noise_a", "beyond_noise_b"]]
+            both[["task", "fraction", "gap_a", "gap_b", "gap_diff_se", "within", "judged_a", "judged_b"]]
             .round(2)
             .to_string(index=False)
         )
-        same = (both["beyond_noise_a"] == both["beyond_noise_b"]).sum()
-        print(f"the same beyond-noise judgement: {same} of {len(both)} gaps")
+        same = (both["judged_a"] == both["judged_b"]).sum()
+        print(
+            f"the same verdict: {same} of {len(both)} gaps; helps in one run and hurts in the other: {flipped(both)}"
+        )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,22 @@ def run(a: Path, b: Path) -> str:
 def test_a_report_against_itself_is_within_everywhere():
     out = run(REFERENCE, REFERENCE)
     assert "vlbert: 24 of 24 cells within two SEs of the difference (largest |difference| 0.00 SEs)" in out
-    assert "same verdict: 6 of 6 findings" in out and "the same beyond-noise judgement: 12 of 12 gaps" in out
+    gaps = len(pd.read_csv(REFERENCE / "data_fractions.csv"))
+    assert "same verdict: 6 of 6 findings" in out
+    assert f"the same verdict: {gaps} of {gaps} gaps; helps in one run and hurts in the other: 0" in out
+
+
+def test_a_delta_that_helps_in_one_run_and_hurts_in_the_other_is_counted(tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(REFERENCE, moved, ignore=shutil.ignore_patterns("figures"))
+    found = json.loads((moved / "findings.json").read_text())
+    task = found[0]["tasks"][0]  # full - no_pretrain on VCR Q->A
+    task |= {"delta": -abs(task["delta"]), "low": -abs(task["delta"]) - 1, "high": -0.5, "verdict": "hurts"}
+    (moved / "findings.json").write_text(json.dumps(found))
+    out = run(REFERENCE, moved)
+    helps = {t["task"]: t["verdict"] for t in json.loads((REFERENCE / "findings.json").read_text())[0]["tasks"]}
+    flips = int(helps["vcr_q2a"] == "helps")
+    assert f"helps in one run and hurts in the other: {flips}" in out
 
 
 def test_a_cell_moved_beyond_two_ses_and_a_changed_verdict_are_counted(tmp_path):
