@@ -29,16 +29,15 @@ def test_a_report_against_itself_is_within_everywhere():
 
 
 def test_a_delta_that_helps_in_one_run_and_hurts_in_the_other_is_counted(tmp_path):
-    moved = tmp_path / "moved"
-    shutil.copytree(REFERENCE, moved, ignore=shutil.ignore_patterns("figures"))
-    found = json.loads((moved / "findings.json").read_text())
-    task = found[0]["tasks"][0]  # full - no_pretrain on VCR Q->A
-    task |= {"delta": -abs(task["delta"]), "low": -abs(task["delta"]) - 1, "high": -0.5, "verdict": "hurts"}
-    (moved / "findings.json").write_text(json.dumps(found))
-    out = run(REFERENCE, moved)
-    helps = {t["task"]: t["verdict"] for t in json.loads((REFERENCE / "findings.json").read_text())[0]["tasks"]}
-    flips = int(helps["vcr_q2a"] == "helps")
-    assert f"helps in one run and hurts in the other: {flips}" in out
+    runs = {}
+    for name, (low, high, verdict) in {"a": (1.0, 9.0, "helps"), "b": (-9.0, -1.0, "hurts")}.items():
+        runs[name] = tmp_path / name
+        shutil.copytree(REFERENCE, runs[name], ignore=shutil.ignore_patterns("figures"))
+        found = json.loads((runs[name] / "findings.json").read_text())
+        found[0]["tasks"][0] |= {"delta": (low + high) / 2, "low": low, "high": high, "verdict": verdict}
+        (runs[name] / "findings.json").write_text(json.dumps(found))
+    out = run(runs["a"], runs["b"])
+    assert "helps in one run and hurts in the other: 1" in out and "intervals overlapping:" in out
 
 
 def test_a_cell_moved_beyond_two_ses_and_a_changed_verdict_are_counted(tmp_path):
