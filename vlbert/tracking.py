@@ -543,6 +543,9 @@ def read_artifact_text(uri: str, run_id: str, path: str) -> str:
 
     import mlflow.artifacts
 
+    os.environ.setdefault(
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
+    )  # a bar per file read fills the report's log
     with tempfile.TemporaryDirectory(prefix="vlbert-artifact-") as folder:
         local = mlflow.artifacts.download_artifacts(
             run_id=run_id, artifact_path=path, tracking_uri=uri, dst_path=folder
