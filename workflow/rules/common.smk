@@ -1,12 +1,12 @@
 # Helpers shared by the rules: config validation, canonical names, output paths.
 import os
-from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from vlbert.config import ConfigError, data_fractions, pretraining_seed, study_seeds, study_settings
 from vlbert.config import validate as validate_preset
+from vlbert.hardware import gpu_visible
 from vlbert.layout import Layout
 from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TABLE4_TASKS, TASKS
 
@@ -70,13 +70,6 @@ STUDY_SETTINGS = study_settings(config)
 CONDA_ENV = "../envs/vlbert.yaml"
 # Where jobs train: the preset's `device`, `auto` (a GPU where the job finds one) unless it says.
 DEVICE = str(config.get("device", "auto"))
-
-
-def gpu_visible() -> bool:
-    """Whether the machine Snakemake runs on has an NVIDIA GPU, read from the driver's files
-    (importing torch here would slow every Snakemake start)."""
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" and gpus.is_dir() and any(gpus.iterdir())
 
 
 # Jobs that train ask for a GPU when the preset trains on one, or says `auto` on a machine with
