@@ -10,6 +10,7 @@ from vlbert.registry import FAMILIES
 # themselves through it, and it imports the model families only when transformers asks.
 LAYERS = (
     "registry",
+    "hardware",
     "io",
     "layout",
     "config",

@@ -150,7 +150,7 @@ def test_checkpoints_need_no_unpickler(tmp_path):
     loop = tiny_loop(tmp_path, {"lr": 0.1})
     loop.fit()
     files = {f.name for f in (tmp_path / "checkpoint").iterdir()}
-    assert files == {"model.safetensors", "identity.json", "state.json", "state.safetensors"}
+    assert files == {"model.safetensors", "identity.json", "state.json", "state.safetensors", "digests.json"}
     state = read_state(tmp_path / "checkpoint")
     assert sorted(p for group in state["optimizer"]["param_groups"] for p in group["params"]) == [0, 1]
     assert torch.equal(state["optimizer"]["state"][0]["exp_avg"], loop.optimizer.state_dict()["state"][0]["exp_avg"])

@@ -353,7 +353,7 @@ def test_save_and_load_give_the_same_outputs(smoke_detector, regions, processor,
     model = build(VLBertForPreTraining, smoke_detector)
     batch = text_inputs(processor, results)
     model.save_pretrained(tmp_path)
-    assert {p.name for p in tmp_path.iterdir()} == {"model.safetensors", "config.json"}
+    assert {p.name for p in tmp_path.iterdir()} == {"model.safetensors", "config.json", "digests.json"}
     loaded = VLBertForPreTraining.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         assert torch.equal(
