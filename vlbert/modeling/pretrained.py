@@ -46,7 +46,7 @@ from torch import nn
 from transformers import BertModel, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-from ..io import CorruptCheckpointError, check_checkpoint, write_digests, writing
+from ..io import DIGESTS_FILE, CorruptCheckpointError, check_checkpoint, write_digests, writing
 
 _TRANSFORMERS_LOADER = "transformers.modeling_utils"  # the logger of transformers' LOAD REPORT
 
@@ -283,6 +283,9 @@ class StudyPreTrainedModel(PreTrainedModel):
             with writing(folder):
                 super().save_pretrained(staging, *args, **kwargs)
             written = {path.name for path in staging.iterdir()}
+            # The old files' digests go first: a crash while the new ones move in leaves a folder
+            # unchecked, as before digests, not one that fails its own check.
+            (folder / DIGESTS_FILE).unlink(missing_ok=True)
             for name in sorted(written):
                 os.replace(staging / name, folder / name)
             for stale in folder.glob(f"{Path(SAFE_WEIGHTS_NAME).stem}*.safetensors*"):

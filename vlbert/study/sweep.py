@@ -156,6 +156,13 @@ class TuneReport(Callback):
     def __init__(self):
         self.reported = False
 
+    def on_train_start(self, loop, resumed):
+        # A trial whose checkpoint holds its finished training (its sweep run again) runs no epoch:
+        # it reports its last validation, the result Ray checks every trial for.
+        if resumed and loop.state.epoch >= loop.config.epochs:
+            last = next((metrics for metrics in reversed(loop.state.history) if metrics), {})
+            self.on_validation_end(loop, loop.state.epoch - 1, last)
+
     def on_validation_end(self, loop, epoch, metrics):
         from ray import tune
 
