@@ -242,3 +242,16 @@ def tiny_store(path, keys=("1",), **attrs):
     ]
     write_shard(path, list(keys), results, [], {"mode": "detected", "feature_dim": 8, **attrs})  # one shard: a store
     return path
+
+
+def load_bench(path, name: str):
+    """A bench/ script as a module, with bench/ on the path as `python bench/<name>.py` has it."""
+    import importlib.util
+    import sys
+
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,18 +1,15 @@
 """bench/mfu.py: the FLOPs it counts for a step and the peak it divides them by."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import load_bench
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "mfu.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("mfu", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(BENCH, "mfu")
 
 
 def test_a_step_s_flops_are_six_per_weight_and_token_plus_attention():

@@ -1,23 +1,17 @@
 """bench/refcoco_plateau.py's reading of a run and its other-expression pairs, on hand-made items."""
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import load_bench
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "refcoco_plateau.py"
 
 
 def _bench():
-    if str(BENCH.parent) not in sys.path:  # as `python bench/refcoco_plateau.py` has it: tag_scale beside it
-        sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("refcoco_plateau", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(BENCH, "refcoco_plateau")
 
 
 def test_a_run_leaves_the_plateau_at_its_first_epoch_over_the_mark_or_never():

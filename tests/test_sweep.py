@@ -26,14 +26,9 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
     # One Tuner for both tasks, each with its own rates (VCR's SGD needs other rates than AdamW).
     lrs = {"vcr": [2e-2], "vqa": [1e-3], "refcoco": [1e-3, 3e-3]}
     preset = {**smoke_config, "sweep": {**smoke_config["sweep"], "lrs": lrs, "max_failures": 1}}
-    summaries = run_sweeps(
-        preset,
-        "no_pretrain",
-        ["refcoco_gt", "vqa"],
-        tmp_path / "sweep",
-        RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"]),
-        cores=2,
-    )
+    inputs = RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"])
+    sweep = lambda: run_sweeps(preset, "no_pretrain", ["refcoco_gt", "vqa"], tmp_path / "sweep", inputs, cores=2)
+    summaries = sweep()
     assert (tmp_path / "crashed").exists()  # a trial did crash
     best = {task: json.loads((tmp_path / "sweep" / task / "best.json").read_text()) for task in ("refcoco_gt", "vqa")}
     assert best == summaries and best["vqa"]["lr"] == 1e-3
@@ -55,15 +50,7 @@ def test_sweep_retries_a_crashed_trial_and_the_seeds_rerun_its_choice(
     # chose from the epochs a resumed trial ran again (val_epochs [[4]] against [[1, 2, 3, 4]]).
     for task in ("refcoco_gt", "vqa"):
         (tmp_path / "sweep" / task / "best.json").unlink()
-    again = run_sweeps(
-        preset,
-        "no_pretrain",
-        ["refcoco_gt", "vqa"],
-        tmp_path / "sweep",
-        RunInputs(smoke_study["data"], smoke_study["features"], smoke_study["bert"], smoke_study["detector"]),
-        cores=2,
-    )
-    assert again == best
+    assert sweep() == best
     # The seeds re-run each task's chosen rate, every (task, seed) in OUT/<task>/seed<N>/; the
     # sweep's seed (0) continues the sweep's own trial of that rate, as the workflow does.
     assert (
