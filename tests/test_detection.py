@@ -643,3 +643,24 @@ def test_the_trunk_trains_on_channels_last_tensors_without_corrupting_memory():
     run = [sys.executable, "-c", _CHANNELS_LAST_STEPS]
     done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-2000:]}"
+
+
+def test_decoded_images_are_load_image_kept_within_their_bytes(tmp_path):
+    from PIL import Image
+
+    from vlbert.data.images import DecodedImages, load_image
+
+    paths = []
+    for k in range(3):
+        path = tmp_path / f"{k}.png"
+        Image.new("RGB", (4, 2), (10 * k, 20, 30)).save(path)
+        paths.append(path)
+    images = DecodedImages(max_bytes=2 * 3 * 4 * 2)  # room for two 4 x 2 images
+    first = images(paths[0])
+    assert torch.equal(first, load_image(paths[0]))
+    first.zero_()  # a caller's tensor is its own: the kept pixels are untouched
+    assert torch.equal(images(paths[0]), load_image(paths[0]))
+    images(paths[1]), images(paths[0]), images(paths[2])  # 1 is the least recently used: dropped
+    assert list(images._pixels) == [str(paths[0]), str(paths[2])] and images.bytes == 48
+    with pytest.raises(OSError, match=r"cannot read image .*missing"):
+        images(tmp_path / "missing.png")

@@ -318,6 +318,36 @@ def test_validation_scores_the_same_masks_with_another_image(smoke_study, smoke_
     assert blind["visual_clue_gain"] == 0 and blind["mlm_accuracy"] == blind["mlm_accuracy_other_image"]
 
 
+def test_settings_of_one_seed_mask_the_same_words_and_rois(smoke_validation):
+    """Common random numbers: every pre-training setting of a seed masks the same words of a caption
+    it shows as it is and the same RoIs (where it masks RoIs), whatever else it draws (c mismatches
+    captions first) and however long its batch is padded."""
+    from vlbert.modeling.heads import IGNORE_INDEX
+    from vlbert.tasks.pretraining import PretrainCollator
+
+    val, processor, _ = smoke_validation
+    examples = [val[i] for i in range(min(len(val), 8))]
+    batches = {
+        name: PretrainCollator(processor, SETTINGS[name], val)(examples, batch_generator(3, 1, 0))
+        for name in ("a", "b", "c", "d")
+    }
+    kept = batches["c"]["relation_labels"].bool()
+    assert 0 < int(kept.sum()) < len(examples)  # c mismatched some captions, kept others
+    words = {name: batch["mlm_labels"] != IGNORE_INDEX for name, batch in batches.items()}
+    length = min(w.shape[1] for w in words.values())
+    for name in ("b", "c", "d"):
+        rows = kept if name == "c" else torch.ones_like(kept)
+        assert torch.equal(words[name][rows, :length], words["a"][rows, :length]), name
+    assert words["a"].any()
+    rois = {name: batches[name]["roi_labels"].sum(-1) > 0 for name in ("b", "c", "d")}
+    assert torch.equal(rois["b"], rois["d"]) and rois["b"].any()
+    assert torch.equal(rois["c"][kept], rois["b"][kept])
+    # A row's draws do not depend on its batch: alone, the first caption is masked as in the batch.
+    alone = PretrainCollator(processor, SETTINGS["a"], val)(examples[:1], batch_generator(3, 1, 0))
+    first = alone["mlm_labels"] != IGNORE_INDEX
+    assert torch.equal(first[0], words["a"][0, : first.shape[1]])
+
+
 def test_tune_frcnn_changes_the_fast_rcnn_only_in_full(smoke_study):
     from safetensors.torch import load_file
 

@@ -2,11 +2,14 @@
 
 The random choices (which words and RoIs to mask, which captions to mismatch) come from a
 generator seeded by (seed, epoch, batch), so a resumed run makes the same choices as an
-uninterrupted one.
+uninterrupted one; each kind from a stream of its own, and a caption's word draws do not depend on
+how long its batch is padded, so every setting of one seed masks the same words of a caption it
+shows as it is (common random numbers, docs/reproducibility.md).
 """
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,8 @@ from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
 from .regions import Regions, regions_of, visual_batch
 
 MASK_PROBABILITY = 0.15
+# Masking's draws are made this wide (tokens a row) whatever a batch's padded length.
+DRAW_WIDTH = 128
 # ViLBERT's masked regions: a region overlapping a masked one this much (IoU) is zeroed as well, as
 # the released multi-task code does, else it would carry the masked region's content.
 OVERLAP_ZEROED = 0.4
@@ -28,15 +33,32 @@ CURRICULUM_MIN_SCORE = 0.5
 SAME_OBJECT_IOU = 0.5
 
 
+def substreams(generator: torch.Generator, *names: str) -> dict[str, torch.Generator]:
+    """One generator per kind of random choice, all seeded by `generator`'s first draw: settings that
+    make different choices of some kinds (one mismatches captions, another does not) still make the
+    same choices of the kinds they share (common random numbers: a paired difference of two
+    settings cancels them)."""
+    base = int(torch.randint(2**62, (1,), generator=generator))
+    return {name: torch.Generator().manual_seed(zlib.crc32(f"{base}/{name}".encode())) for name in names}
+
+
 def mask_tokens(
     input_ids: torch.Tensor, maskable: torch.Tensor, processor: VLBertProcessor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """BERT's masking: 15% of maskable tokens; of those 80% [MASK], 10% a random word, 10% kept."""
-    chosen = (torch.rand(input_ids.shape, generator=generator) < MASK_PROBABILITY) & maskable
+    """BERT's masking: 15% of maskable tokens; of those 80% [MASK], 10% a random word, 10% kept.
+    Each row's draws are made at a fixed width, so a row's choices do not depend on its batch's
+    padded length."""
+    rows, length = input_ids.shape
+    width = max(length, DRAW_WIDTH)
+
+    def draw(sampler):
+        return sampler((rows, width))[:, :length]
+
+    chosen = (draw(lambda shape: torch.rand(shape, generator=generator)) < MASK_PROBABILITY) & maskable
     labels = torch.where(chosen, input_ids, IGNORE_INDEX)
-    action = torch.rand(input_ids.shape, generator=generator)
-    random_words = torch.randint(
-        processor.first_word_id, len(processor.tokenizer), input_ids.shape, generator=generator
+    action = draw(lambda shape: torch.rand(shape, generator=generator))
+    random_words = draw(
+        lambda shape: torch.randint(processor.first_word_id, len(processor.tokenizer), shape, generator=generator)
     )
     masked_ids = torch.where(chosen & (action < 0.8), processor.mask_id, input_ids)
     masked_ids = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_words, masked_ids)
@@ -107,12 +129,13 @@ class PretrainCollator:
 
     def __call__(self, examples: list[dict], generator: torch.Generator) -> dict:
         examples = list(examples)
+        streams = substreams(generator, "relation", "words", "rois")
         relation = None
         if self.setting.sentence_image:
             # Half the captions are swapped for another image's: the relation head tells which.
-            mismatch = torch.rand(len(examples), generator=generator) < 0.5
+            mismatch = torch.rand(len(examples), generator=streams["relation"]) < 0.5
             for k in torch.nonzero(mismatch).flatten().tolist():
-                other = int(torch.randint(len(self.captions.captions), (1,), generator=generator))
+                other = int(torch.randint(len(self.captions.captions), (1,), generator=streams["relation"]))
                 examples[k] = {**examples[k], "text": self.captions.captions[other].caption}
             relation = (~mismatch).float()
         regions = [e["regions"] for e in examples]
@@ -123,12 +146,14 @@ class PretrainCollator:
         maskable = _maskable(batch, self.processor)
         if relation is not None:  # a mismatched caption does not describe the image: no MLM there
             maskable &= relation.bool().unsqueeze(1)
-        batch["input_ids"], batch["mlm_labels"] = mask_tokens(batch["input_ids"], maskable, self.processor, generator)
+        batch["input_ids"], batch["mlm_labels"] = mask_tokens(
+            batch["input_ids"], maskable, self.processor, streams["words"]
+        )
         masked_rois = None
         if self.setting.masked_roi:
             rows = batch["roi_positions"].shape[1]
             valid = batch["roi_positions"] >= 0
-            masked_rois = (torch.rand(len(examples), rows, generator=generator) < MASK_PROBABILITY) & valid
+            masked_rois = (torch.rand(len(examples), rows, generator=streams["rois"]) < MASK_PROBABILITY) & valid
             if relation is not None:
                 masked_rois &= relation.bool().unsqueeze(1)
             # The target is the detector's class distribution for the RoI (soft cross-entropy), as

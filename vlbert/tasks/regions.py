@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..data.feature_store import FeatureStore, store_bytes
-from ..data.images import load_image
+from ..data.images import decoded_images
 from ..modeling.inputs import VisualInputs
 from ..registry import Store
 
@@ -112,7 +112,7 @@ def visual_batch(
         loaded, images = {}, []
         for r, need in zip(regions, needed):
             if need and r.image_path not in loaded:
-                loaded[r.image_path] = load_image(r.image_path)
+                loaded[r.image_path] = decoded_images(r.image_path)
             images.append(loaded[r.image_path] if need else None)
         keys = [str(r.image_path) if need and r.image_path is not None else None for r, need in zip(regions, needed)]
     return VisualInputs(boxes, sizes, valid, features if cached else None, images, masked, keys)
