@@ -56,6 +56,22 @@ def test_a_fine_tuning_task_takes_its_head_keys(tmp_path):
     assert load_config(_write(tmp_path, config))["finetune"]["vqa"]["dropout"] == 0.0
 
 
+def test_a_vcr_task_takes_its_own_epochs_for_every_family(tmp_path):
+    from vlbert.config import finetune_epochs, finetune_options
+
+    config = _smoke()
+    config["finetune"]["vcr"]["task_epochs"] = {"vcr_qa2r": 3}
+    loaded = load_config(_write(tmp_path, config))
+    factor = config["finetune"].get("epoch_factor", 1.0)
+    assert finetune_options(loaded, "vcr_qa2r", "vilbert")["epochs"] == 3
+    assert "task_epochs" not in finetune_options(loaded, "vcr_qa2r")
+    assert finetune_epochs(loaded, "vcr_qa2r") == max(1, round(3 * factor))
+    assert finetune_options(loaded, "vcr_q2a")["epochs"] == config["finetune"]["vcr"]["epochs"]
+    config["finetune"]["vcr"]["task_epochs"] = {"vqa": 3}
+    with pytest.raises(ConfigError, match=r"finetune\.vcr\.task_epochs"):
+        load_config(_write(tmp_path, config))
+
+
 def test_a_family_entry_takes_its_rates_and_nothing_of_the_budget(tmp_path):
     """finetune.<section>.families: a system's own rate and head rate; its epochs stay the section's."""
     from vlbert.config import finetune_options

@@ -227,10 +227,14 @@ def finetune_options(config: dict, task_name: str, family: str | None = None) ->
     `family`, with its `families.<family>` entry's rates and head (`lr`, `warmup_steps`,
     `head_lr_factor`, `centre_candidates`; and ViLBERT's `tag_coattention_mask`) in place of the section's (the
     schema admits nothing else there: the epochs, which `finetune_epochs` reads without a family,
-    are every system's). The `families` entry itself is not among the options."""
+    are every system's). The `families` entry itself is not among the options; a VCR task's own
+    epochs (`task_epochs`) are its `epochs`."""
     section = config["finetune"][task(task_name).options_key]
     own = section.get("families", {}).get(family, {}) if family is not None else {}
-    return {**{key: value for key, value in section.items() if key != "families"}, **own}
+    options = {**{key: value for key, value in section.items() if key not in ("families", "task_epochs")}, **own}
+    if task_name in section.get("task_epochs", {}):
+        options["epochs"] = section["task_epochs"][task_name]
+    return options
 
 
 def finetune_epochs(config: dict, task_name: str) -> int:
