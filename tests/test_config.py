@@ -60,7 +60,7 @@ def test_a_vcr_task_takes_its_own_epochs_for_every_family(tmp_path):
     from vlbert.config import finetune_epochs, finetune_options
 
     config = _smoke()
-    config["finetune"]["vcr"]["task_epochs"] = {"vcr_qa2r": 3}
+    config["finetune"]["vcr"] |= {"task_epochs": {"vcr_qa2r": 3}, "schedule": "linear_decay"}
     loaded = load_config(_write(tmp_path, config))
     factor = config["finetune"].get("epoch_factor", 1.0)
     assert finetune_options(loaded, "vcr_qa2r", "vilbert")["epochs"] == 3
@@ -69,6 +69,9 @@ def test_a_vcr_task_takes_its_own_epochs_for_every_family(tmp_path):
     assert finetune_options(loaded, "vcr_q2a")["epochs"] == config["finetune"]["vcr"]["epochs"]
     config["finetune"]["vcr"]["task_epochs"] = {"vqa": 3}
     with pytest.raises(ConfigError, match=r"finetune\.vcr\.task_epochs"):
+        load_config(_write(tmp_path, config))
+    config["finetune"]["vcr"] |= {"task_epochs": {"vcr_qa2r": 3}, "schedule": "step", "step_epochs": [2]}
+    with pytest.raises(ConfigError, match=r"finetune\.vcr\.task_epochs: a step schedule's step_epochs"):
         load_config(_write(tmp_path, config))
 
 

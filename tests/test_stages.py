@@ -342,10 +342,33 @@ def test_settings_of_one_seed_mask_the_same_words_and_rois(smoke_validation):
     rois = {name: batches[name]["roi_labels"].sum(-1) > 0 for name in ("b", "c", "d")}
     assert torch.equal(rois["b"], rois["d"]) and rois["b"].any()
     assert torch.equal(rois["c"][kept], rois["b"][kept])
-    # A row's draws do not depend on its batch: alone, the first caption is masked as in the batch.
+    # A row's word choices do not depend on its batch's padded length: alone (a shorter batch), the
+    # first caption is masked as in the batch.
     alone = PretrainCollator(processor, SETTINGS["a"], val)(examples[:1], batch_generator(3, 1, 0))
     first = alone["mlm_labels"] != IGNORE_INDEX
     assert torch.equal(first[0], words["a"][0, : first.shape[1]])
+
+
+def test_masking_draws_stop_where_the_words_do():
+    """Rows longer than the draws' width (the paper preset's 64 words and 100 regions) mask as
+    the first `width` tokens say; a maskable token past them is an error, not a silent shift."""
+    from types import SimpleNamespace
+
+    from vlbert.tasks.pretraining import DRAW_WIDTH, mask_tokens
+
+    processor = SimpleNamespace(max_text_length=64, first_word_id=5, tokenizer=range(100), mask_id=3)
+    ids = torch.randint(5, 100, (4, DRAW_WIDTH + 40))
+    maskable = torch.zeros_like(ids, dtype=torch.bool)
+    maskable[:, 1:60] = True
+    long_ids, long_labels = mask_tokens(ids, maskable, processor, torch.Generator().manual_seed(0))
+    short_ids, short_labels = mask_tokens(
+        ids[:, :DRAW_WIDTH], maskable[:, :DRAW_WIDTH], processor, torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(long_ids[:, :DRAW_WIDTH], short_ids) and torch.equal(long_labels[:, :DRAW_WIDTH], short_labels)
+    assert torch.equal(long_ids[:, DRAW_WIDTH:], ids[:, DRAW_WIDTH:]) and (long_labels != -100).any()
+    maskable[:, DRAW_WIDTH + 1] = True
+    with pytest.raises(ValueError, match="maskable tokens past the first"):
+        mask_tokens(ids, maskable, processor, torch.Generator().manual_seed(0))
 
 
 def test_tune_frcnn_changes_the_fast_rcnn_only_in_full(smoke_study):

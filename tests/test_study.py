@@ -76,6 +76,33 @@ def test_the_default_profile_runs_every_job_on_one_thread():
 
 
 @pytest.mark.slow
+def test_the_smoke_study_s_mlflow_store_opens_on_its_training_runs(smoke_run):
+    """What a user sees in the MLflow UI of a whole study: the experiment tagged as model training,
+    no sweep trial that finished marked KILLED, every fine-tuning run with its data sets as inputs
+    and its reported-split accuracy as a metric."""
+    from mlflow.tracking import MlflowClient
+
+    from vlbert.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
+    client = MlflowClient(f"sqlite:///{smoke_run['dir'] / 'results' / 'smoke' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(SMOKE["tracking"]["experiment"])
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    runs = client.search_runs([experiment.experiment_id], max_results=5000)
+    by_stage = {}
+    for run in runs:
+        by_stage.setdefault(run.data.tags.get("stage"), []).append(run)
+    trials = by_stage["sweep_trial"]
+    assert trials and all(run.info.status == "FINISHED" for run in trials), {r.info.status for r in trials}
+    finetunes = [run for run in by_stage["finetune"] if run.info.status == "FINISHED"]
+    assert len(finetunes) >= len(SETTINGS) * TASKS * SEEDS
+    for run in finetunes:
+        contexts = {{t.key: t.value for t in d.tags}.get("mlflow.data.context") for d in run.inputs.dataset_inputs}
+        assert {"training", "validation", "test"} <= contexts, run.info.run_name
+        assert "final_test_accuracy" in run.data.metrics, run.info.run_name
+        assert {"setting", "task", "seed", "family"} <= set(run.data.tags), run.info.run_name
+
+
+@pytest.mark.slow
 def test_smoke_study_writes_the_report(smoke_run):
     report = smoke_run["dir"] / "reports" / "smoke"
     table = (report / "table4.md").read_text()

@@ -81,6 +81,12 @@ def validate(config: dict, source: str = "<config>") -> None:
     for family, entry in config.get("finetune", {}).get("vqa", {}).get("families", {}).items():
         if "centre_candidates" in entry:  # the schema's family entry is every section's
             raise ConfigError(f"{source}: finetune.vqa.families.{family}.centre_candidates: unknown key")
+    vcr = config.get("finetune", {}).get("vcr", {})
+    if vcr.get("task_epochs") and vcr.get("schedule") == "step":
+        raise ConfigError(
+            f"{source}: finetune.vcr.task_epochs: a step schedule's step_epochs count the section's epochs, "
+            "not a task's own: use a linear_decay schedule with task_epochs"
+        )
     if "root" in config["data"]:
         check_output(config["data"]["root"], "data.root", source)
     if config.get("pretrain", {}).get("per_seed") and study_seeds(config)[0] != config["seed"]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 from PIL import Image
@@ -26,16 +28,35 @@ def _decode(path) -> torch.Tensor:
 
 class DecodedImages:
     """`load_image` with the decoded pixels (uint8) of the images read last kept in memory, up to
-    `max_bytes`: a training run that reads its images every step (a tuned Fast R-CNN, Pixel-BERT's
-    CNN) decodes each once, not once an epoch. Every call returns a tensor of its own."""
+    `max_bytes` (0, the default: nothing kept). A run whose images fit (the synthetic world's: a
+    tuned Fast R-CNN or Pixel-BERT's CNN reading them every step) decodes each once in a process,
+    not once an epoch; a forked loader worker fills a cache of its own. Every call returns a tensor
+    of its own."""
 
-    def __init__(self, max_bytes: int = 1 << 30):
+    def __init__(self, max_bytes: int = 0):
         self.max_bytes, self.bytes = max_bytes, 0
         self._pixels: OrderedDict = OrderedDict()
         self._lock = threading.Lock()  # batches may be built in a loader thread
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a lock held by another thread at the fork stays held in the child
+
+    def resize(self, max_bytes: int) -> None:
+        """Keep up to `max_bytes` from now on (0: keep nothing, drop what is kept)."""
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._pixels and (self.bytes > self.max_bytes or self.max_bytes == 0):
+            _, dropped = self._pixels.popitem(last=False)
+            self.bytes -= dropped.numel()
 
     def __call__(self, path) -> torch.Tensor:
-        key = str(path)
+        if self.max_bytes == 0:
+            return load_image(path)
+        key = str(Path(path).resolve())  # data files do not change during a run
         with self._lock:
             pixels = self._pixels.get(key)
             if pixels is not None:
@@ -46,11 +67,10 @@ class DecodedImages:
                 if key not in self._pixels:
                     self._pixels[key] = pixels
                     self.bytes += pixels.numel()
-                while self.bytes > self.max_bytes and len(self._pixels) > 1:
-                    _, dropped = self._pixels.popitem(last=False)
-                    self.bytes -= dropped.numel()
+                    self._evict()
         return pixels.float().div_(255)
 
 
-# The training batches' images (vlbert.tasks.regions), one cache a process.
+# The training batches' images (vlbert.tasks.regions), one cache a process; its size is the
+# preset's `loading.decoded_images_mb`, set when a stage runs (vlbert.engine.stage).
 decoded_images = DecodedImages()

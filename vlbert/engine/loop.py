@@ -77,7 +77,7 @@ def loading_options(preset: dict) -> dict:
     out of a run's identity): how batches are built does not change them."""
     loading = preset.get("loading", {})
     names = {"workers": "loader_workers", "prefetch_batches": "prefetch_batches", "pin_memory": "pin_memory"}
-    return {names[key]: value for key, value in loading.items()}
+    return {names[key]: value for key, value in loading.items() if key in names}
 
 
 @dataclass

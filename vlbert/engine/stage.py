@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.images import decoded_images
 from .callbacks import BestEpoch, Tracking
 from .distributed import wrap
 from .loop import LoopConfig, LoopState, LoopSteps, TrainingLoop, loading_options, loop_speed
@@ -103,11 +104,12 @@ def run_stage(
     """Set `stage` up and train it in `stage.out`: resumed from its checkpoint when that is of the
     same run, recorded in `tracker`, `callbacks` called before the best epoch is kept (a sweep's
     Ray reporting). Returns the stage's result; with `max_steps` reached, only the loop's speed."""
+    preset = stage.preset
+    decoded_images.resize(int(preset.get("loading", {}).get("decoded_images_mb", 0)) << 20)
     stage.setup()
     tracker.log_params(stage.params())
     tracker.log_datasets(stage.datasets())
     model = wrap(stage.model, stage.device) if stage.data_parallel else stage.model
-    preset = stage.preset
     loop = TrainingLoop(
         model,
         stage.optimizer,

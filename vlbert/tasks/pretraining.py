@@ -22,7 +22,8 @@ from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
 from .regions import Regions, regions_of, visual_batch
 
 MASK_PROBABILITY = 0.15
-# Masking's draws are made this wide (tokens a row) whatever a batch's padded length.
+# Masking's draws are made this wide (tokens a row; at least `max_text_length`), whatever a batch's
+# padded length.
 DRAW_WIDTH = 128
 # ViLBERT's masked regions: a region overlapping a masked one this much (IoU) is zeroed as well, as
 # the released multi-task code does, else it would carry the masked region's content.
@@ -46,13 +47,19 @@ def mask_tokens(
     input_ids: torch.Tensor, maskable: torch.Tensor, processor: VLBertProcessor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masking: 15% of maskable tokens; of those 80% [MASK], 10% a random word, 10% kept.
-    Each row's draws are made at a fixed width, so a row's choices do not depend on its batch's
-    padded length."""
+    Each kind of draw is made for a fixed width of tokens a row, so a row's choices do not depend on
+    how long its batch is padded. Only words are maskable, and they sit in a row's first
+    `max_text_length` tokens (the image's follow), inside that width."""
     rows, length = input_ids.shape
-    width = max(length, DRAW_WIDTH)
+    width = max(DRAW_WIDTH, processor.max_text_length)
+    if length > width and bool(maskable[:, width:].any()):
+        raise ValueError(f"maskable tokens past the first {width} of a row: the words come first, then the image's")
 
     def draw(sampler):
-        return sampler((rows, width))[:, :length]
+        drawn = sampler((rows, width))
+        if length <= width:
+            return drawn[:, :length]
+        return torch.cat([drawn, drawn.new_zeros(rows, length - width)], 1)  # past the words: never chosen
 
     chosen = (draw(lambda shape: torch.rand(shape, generator=generator)) < MASK_PROBABILITY) & maskable
     labels = torch.where(chosen, input_ids, IGNORE_INDEX)
