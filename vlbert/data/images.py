@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from pathlib import Path
 
 import torch
 from PIL import Image
@@ -56,7 +55,7 @@ class DecodedImages:
     def __call__(self, path) -> torch.Tensor:
         if self.max_bytes == 0:
             return load_image(path)
-        key = str(Path(path).resolve())  # data files do not change during a run
+        key = os.fspath(path)  # a run names an image one way; data files do not change during it
         with self._lock:
             pixels = self._pixels.get(key)
             if pixels is not None:
