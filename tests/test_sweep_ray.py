@@ -176,6 +176,16 @@ def test_a_sweep_leaves_no_ray_process_and_no_temp_folder(ending, tmp_path, monk
     assert _gone(seen["left"]) and not Path(seen["folders"][0]).exists()
 
 
+def test_trials_run_at_the_priority_of_the_sweep():
+    # Ray's default starts workers at niceness 15: beside another study job a trial would starve.
+    import ray
+
+    from vlbert.study.sweep import local_ray
+
+    with local_ray(cpus=1):
+        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
+
+
 HOLD_RAY = """
 import os, sys, time
 from vlbert.study.sweep import local_ray

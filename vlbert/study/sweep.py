@@ -63,7 +63,8 @@ RAY_CLUSTERS = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 @contextmanager
 def local_ray(cpus: int, gpus: float | None = 0):
-    """A Ray for this process alone, for the length of the block; yields its temp folder.
+    """A Ray for this process alone, for the length of the block; yields its temp folder. Its
+    workers run at this process's priority, as any other job of the study does.
 
     Its GCS, raylet, agents and workers listen on 127.0.0.1 only (Ray binds to every interface
     unless the node's address is the loopback one), and whichever way the block ends (it returns,
@@ -92,6 +93,9 @@ def local_ray(cpus: int, gpus: float | None = 0):
             _temp_dir=folder,
             log_to_driver=False,
             configure_logging=False,
+            # Ray starts its workers at niceness 15, so a trial beside another study job (a
+            # pre-training at 0) would get only the time that job leaves.
+            _system_config={"worker_niceness": 0},
         )
         started |= {p.pid: p for p in me.children(recursive=True) if p.pid not in before}
         if ray.util.get_node_ip_address() != "127.0.0.1":
