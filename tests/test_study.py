@@ -18,7 +18,8 @@ from vlbert.config import study_settings
 SMOKE = yaml.safe_load((REPO / "experiments/smoke.yaml").read_text())
 SEEDS = len(SMOKE["sweep"]["seeds"])
 SETTINGS = study_settings(SMOKE)  # every system's rows: VL-BERT's Table 4 and the systems table
-TASKS = len(registry.TASKS)
+# Whole-set fine-tuning runs: every setting on each of its tasks (registry.finetune_tasks), each seed.
+FINETUNE_RUNS = sum(len(registry.finetune_tasks(setting)) for setting in SETTINGS) * SEEDS
 
 
 def _free_port() -> int:
@@ -94,7 +95,7 @@ def test_the_smoke_study_s_mlflow_store_opens_on_its_training_runs(smoke_run):
     trials = by_stage["sweep_trial"]
     assert trials and all(run.info.status == "FINISHED" for run in trials), {r.info.status for r in trials}
     finetunes = [run for run in by_stage["finetune"] if run.info.status == "FINISHED"]
-    assert len(finetunes) >= len(SETTINGS) * TASKS * SEEDS
+    assert len(finetunes) >= FINETUNE_RUNS
     for run in finetunes:
         contexts = {{t.key: t.value for t in d.tags}.get("mlflow.data.context") for d in run.inputs.dataset_inputs}
         assert {"training", "validation", "test"} <= contexts, run.info.run_name
@@ -144,7 +145,7 @@ def test_smoke_study_writes_the_report(smoke_run):
 
     runs = pd.read_csv(report / "runs.csv")
     finetunes = runs[(runs["stage"] == "finetune") & (runs["status"] == "FINISHED")]
-    assert len(finetunes[finetunes["train_fraction"] == 1]) == len(SETTINGS) * TASKS * SEEDS
+    assert len(finetunes[finetunes["train_fraction"] == 1]) == FINETUNE_RUNS
     # finetune.data_fractions: its settings on each share of every Table 4 task's training set
     shares = SMOKE["finetune"]["data_fractions"]
     fraction_runs = finetunes[finetunes["train_fraction"] < 1]
@@ -157,15 +158,14 @@ def test_smoke_study_writes_the_report(smoke_run):
     controls = pd.read_csv(report / "table4_controls.csv")
     assert len(controls) == 6 * len(registry.TABLE4_TASKS) and controls["shuffled"].notna().all()
     assert controls["floor"].notna().all() and controls["se"].notna().all()
-    # RefCOCO+'s two tracks, per test split, for every setting
-    refcoco = pd.read_csv(report / "refcoco.csv")
-    assert len(refcoco) == len(SETTINGS)
-    assert (
-        refcoco[[f"{track}_{split}" for track in ("refcoco_det", "refcoco_gt") for split in ("testA", "testB")]]
-        .notna()
-        .all()
-        .all()
-    )
+    # RefCOCO+'s two tracks, per test split: the detected one for every setting, the ground-truth
+    # one for the settings that fine-tune it
+    refcoco = pd.read_csv(report / "refcoco.csv").set_index("setting")
+    assert sorted(refcoco.index) == sorted(SETTINGS)
+    assert refcoco[["refcoco_det_testA", "refcoco_det_testB"]].notna().all().all()
+    on_gt = [s for s in SETTINGS if "refcoco_gt" in registry.finetune_tasks(s)]
+    assert on_gt and refcoco.loc[on_gt, ["refcoco_gt_testA", "refcoco_gt_testB"]].notna().all().all()
+    assert refcoco.drop(on_gt)["refcoco_gt_n"].eq(0).all()
     systems = (report / "systems.md").read_text()
     for setting in ("no_pretrain", "c", "full", "vilbert_no_pretrain", "vilbert", "pixelbert_no_sampling"):
         assert f"| {setting} |" in systems, setting
@@ -214,16 +214,21 @@ def test_changing_one_setting_reruns_only_what_depends_on_it(smoke_run, tmp_path
     }
     # The sweep and fine-tuning jobs of every setting (one job per setting and stage), the
     # data-fraction runs (one job per setting and share), then the report.
-    n = len(SETTINGS)
+    # The settings whose family fine-tunes Table 4's tasks alone have rules of their own.
+    table4_only = sum(registry.finetune_tasks(s) == registry.TABLE4_TASKS for s in SETTINGS)
+    n, k = len(SETTINGS) - table4_only, table4_only
     shares = SMOKE["finetune"]["data_fractions"]
     f = len(shares["fractions"]) * len(shares["settings"])
+    assert n and k
     assert jobs == {
         "sweep": n,
         "finetune_seeds": n,
+        "sweep_table4_tasks": k,
+        "finetune_seeds_table4_tasks": k,
         "finetune_fractions": f,
         "report": 1,
         "all": 1,
-        "total": n + n + f + 2,
+        "total": 2 * (n + k) + f + 2,
     }, result.stdout[-2000:]
 
 
@@ -238,7 +243,8 @@ def test_a_model_family_s_own_entries_rerun_its_settings_alone(smoke_run, tmp_pa
     blocks = re.split(r"^(?:local)?rule ", result.stdout, flags=re.M)[1:]
     settings = {re.search(r"wildcards: setting=(\w+)", b)[1] for b in blocks if "wildcards: setting=" in b}
     assert settings == {"vilbert", "vilbert_no_pretrain"}, result.stdout[-3000:]
-    assert {re.match(r"\w+", b)[0] for b in blocks} == {"sweep", "finetune_seeds", "report", "all"}
+    rules = {re.match(r"\w+", b)[0] for b in blocks}
+    assert rules == {"sweep_table4_tasks", "finetune_seeds_table4_tasks", "report", "all"}
 
 
 @pytest.mark.slow
@@ -298,7 +304,7 @@ def test_mlflow_server_serves_every_run_with_tags_metrics_and_checkpoint(smoke_r
             and r["info"]["status"] == "FINISHED"
             and "train_fraction" not in tags(r)  # the data-fraction runs: counted by the report's test
         ]
-        assert len(finetunes) == len(SETTINGS) * TASKS * SEEDS
+        assert len(finetunes) == FINETUNE_RUNS
         seen = set()
         for run in finetunes:
             t = tags(run)
@@ -308,7 +314,7 @@ def test_mlflow_server_serves_every_run_with_tags_metrics_and_checkpoint(smoke_r
             assert {"final_val_accuracy", "final_test_accuracy", "loss"} <= metrics
             listed = _get(f"{base}/artifacts/list?run_id={run['info']['run_id']}&path=checkpoint")
             assert "checkpoint/model.safetensors" in {f["path"] for f in listed.get("files", [])}
-        assert len(seen) == len(SETTINGS) * TASKS * SEEDS
+        assert len(seen) == FINETUNE_RUNS
         stages = {tags(r).get("stage") for r in runs}
         assert {"detector", "bert_init", "pretrain", "sweep", "sweep_trial", "finetune"} <= stages
         sweeps = {r["info"]["run_id"] for r in runs if tags(r).get("stage") == "sweep"}

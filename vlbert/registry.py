@@ -35,6 +35,9 @@ class ModelFamily:
     # (VL-BERT), or their cached features zeroed (ViLBERT).
     masks_region_pixels: bool = True
     reads_pixels: bool = False  # its visual input is the image itself (Pixel-BERT), not regions
+    # It fine-tunes Table 4's tasks alone, the systems table's columns: RefCOCO+'s ground-truth
+    # track is VL-BERT's (the paper's main results), and the study reads it for no other system.
+    table4_tasks_only: bool = False
     # The module whose attributes are its classes (config, encoder, pre-training model, heads), for
     # a family whose files live outside vlbert/modeling/. None: vlbert.modeling's lazy names, from
     # its configuration_<name>.py and modeling_<name>.py.
@@ -85,6 +88,7 @@ FAMILIES = {
             pretrain_cost=0.8,
             system_rows=("vilbert_no_pretrain", "vilbert"),
             masks_region_pixels=False,
+            table4_tasks_only=True,
         ),
         _family(
             "pixelbert",
@@ -95,6 +99,7 @@ FAMILIES = {
             system_rows=("pixelbert_no_pretrain", "pixelbert_no_sampling", "pixelbert"),
             masks_region_pixels=False,
             reads_pixels=True,
+            table4_tasks_only=True,
         ),
     )
 }
@@ -269,6 +274,12 @@ def _image_splits() -> dict[str, tuple[str, ...]]:
 
 
 IMAGE_SPLITS = _image_splits()
+
+
+def finetune_tasks(setting_name: str) -> tuple[str, ...]:
+    """The tasks a setting fine-tunes, in TASKS' order: every one, or Table 4's where its family
+    says so (ModelFamily.table4_tasks_only)."""
+    return TABLE4_TASKS if setting(setting_name).model_family.table4_tasks_only else tuple(TASKS)
 
 
 def task(name: str) -> TaskSpec:

@@ -8,7 +8,7 @@ from vlbert.config import ConfigError, data_fractions, pretraining_seed, study_s
 from vlbert.config import validate as validate_preset
 from vlbert.hardware import gpu_visible
 from vlbert.layout import Layout
-from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TABLE4_TASKS, TASKS
+from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TABLE4_TASKS, TASKS, finetune_tasks
 
 # The package's validation first: it names the key in the preset's terms and checks what a schema
 # cannot (NaN and infinities pass its bounds).
@@ -32,6 +32,10 @@ LAYOUT = Layout(PRESET)
 DATA = config["data"].get("root", str(LAYOUT.data))
 # The feature stores every task reads (a fine-tuning job's inputs).
 TASK_STORE_NAMES = sorted({store.name for spec in TASKS.values() for store in spec.stores.values()})
+# The settings that fine-tune Table 4's tasks alone (their family's `table4_tasks_only`): their
+# sweeps and seeds are the rules of finetune.smk named `*_table4_tasks`.
+TABLE4_ONLY_SETTINGS = [name for name in SETTINGS if finetune_tasks(name) == TABLE4_TASKS]
+ALL_TASKS_SETTINGS = [name for name in SETTINGS if name not in TABLE4_ONLY_SETTINGS]
 
 
 wildcard_constraints:
@@ -182,11 +186,12 @@ def extract_priority(wildcards):
 
 
 def finetune_outputs():
-    """Every fine-tuning run's metrics: each setting on each task and seed, and the data-fraction
+    """Every fine-tuning run's metrics: each setting on each of its tasks and seeds, and the data-fraction
     runs (finetune.data_fractions)."""
     fractions, settings = data_fractions(config)
-    return expand(f"{LAYOUT.finetune_run('{setting}', '{task}', '{seed}')}/metrics.json",
-                  setting=STUDY_SETTINGS, task=list(TASKS), seed=SEEDS) + expand(
+    runs = [f"{LAYOUT.finetune_run(setting, task, seed)}/metrics.json"
+            for setting in STUDY_SETTINGS for task in finetune_tasks(setting) for seed in SEEDS]
+    return runs + expand(
         f"{LAYOUT.finetune_fraction('{setting}', '{fraction}')}/{{task}}/seed{{seed}}/metrics.json",
         setting=settings, fraction=fractions, task=TABLE4_TASKS, seed=SEEDS)
 

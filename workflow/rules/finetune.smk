@@ -1,7 +1,7 @@
 # Learning-rate sweeps (Ray Tune) per setting over all its tasks, then the chosen rates re-run
 # with every seed; the sweep's own seed continues its trial of the chosen rate (--continue-trial)
 # from the trial's last checkpoint instead of running it again. One job per setting and stage:
-# a job's start-up (imports, a Ray session) is paid once for its five tasks, and its trials share
+# a job's start-up (imports, a Ray session) is paid once for all its tasks, and its trials share
 # Ray's worker processes.
 
 
@@ -13,6 +13,8 @@ rule sweep:
         detector=rules.train_detector.output.weights,
     output:
         [str(LAYOUT.sweep_best("{setting}", task)) for task in TASKS],
+    wildcard_constraints:
+        setting="|".join(ALL_TASKS_SETTINGS),
     log:
         f"{LAYOUT.logs}/sweep/{{setting}}.log",
     benchmark:
@@ -46,6 +48,8 @@ rule finetune_seeds:
         features=seeds_task_features,
     output:
         [f"{LAYOUT.finetune_run('{setting}', task, seed)}/metrics.json" for task in TASKS for seed in SEEDS],
+    wildcard_constraints:
+        setting="|".join(ALL_TASKS_SETTINGS),
     log:
         f"{LAYOUT.logs}/finetune/{{setting}}.log",
     benchmark:
@@ -72,6 +76,47 @@ rule finetune_seeds:
         "--lr-from {params.sweep} --continue-trial --seed {params.seeds} --data {params.data} "
         "--features {params.features} --bert {params.bert} "
         "--out {params.out} --threads {threads} --device {params.device} --quiet > {log} 2>&1"
+
+
+# The same for the settings whose family fine-tunes Table 4's tasks alone (the systems table's
+# columns; registry.ModelFamily.table4_tasks_only).
+use rule sweep as sweep_table4_tasks with:
+    output:
+        [str(LAYOUT.sweep_best("{setting}", task)) for task in TABLE4_TASKS],
+    wildcard_constraints:
+        setting="|".join(TABLE4_ONLY_SETTINGS),
+    params:
+        preset=preset_file(),
+        bert=bert_param,
+        tasks=" ".join(TABLE4_TASKS),
+        data=data_root,
+        features=task_features_dir,
+        out=lambda wc: str(LAYOUT.sweep(wc.setting)),
+        device=DEVICE,
+        depends=setting_depends_on("finetune", "sweep", "training"),
+
+
+use rule finetune_seeds as finetune_seeds_table4_tasks with:
+    input:
+        best=[str(LAYOUT.sweep_best("{setting}", task)) for task in TABLE4_TASKS],
+        pretrained=seeds_pretrained_input,
+        bert=bert_input(),
+        features=seeds_task_features,
+    output:
+        [f"{LAYOUT.finetune_run('{setting}', task, seed)}/metrics.json" for task in TABLE4_TASKS for seed in SEEDS],
+    wildcard_constraints:
+        setting="|".join(TABLE4_ONLY_SETTINGS),
+    params:
+        preset=preset_file(),
+        bert=bert_param,
+        tasks=" ".join(TABLE4_TASKS),
+        seeds=" ".join(str(s) for s in SEEDS),
+        data=data_root,
+        features=seeds_features_dirs,
+        sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
+        out=lambda wc: str(LAYOUT.finetune(wc.setting)),
+        device=DEVICE,
+        depends=setting_depends_on("finetune", "training", "sweep.seeds"),
 
 
 # Pre-training's effect against fine-tuning data (finetune.data_fractions): its settings fine-tuned

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ... import io
 from ...evaluation.floors import accuracy_se
-from ...registry import SETTINGS, TASKS
+from ...registry import FAMILIES, SETTINGS, TASKS
 from .render import _cell
 from .statistics import MISSING
 
@@ -62,13 +62,15 @@ def _mean(value) -> str:
 
 def refcoco_lines(table: pd.DataFrame, paper: dict) -> list[str]:
     det, gt = (TASKS[t].title for t in TRACKS)
+    det_only = " and ".join(f.title for f in FAMILIES.values() if f.table4_tasks_only)
+    det_only_note = f" {det_only} fine-tune Table 4's tasks alone: their {gt} cells are empty." if det_only else ""
     lines = [
         "# RefCOCO+: detected regions and ground-truth boxes, per test split",
         "",
         f"Accuracy (IoU >= 0.5 with the referent) on testA, testB and both (Table 4's {det} column is "
         "'both' on the detected regions), mean over seeds (± std over seeds on 'both'). Ground truth "
         "minus detected: what the detector's boxes cost the setting. testA's referents and testB's "
-        "are of different kinds of object, as RefCOCO+'s people and other objects.",
+        "are of different kinds of object, as RefCOCO+'s people and other objects." + det_only_note,
         "",
         f"| setting | {det} testA | {det} testB | {det} both | {gt} testA | {gt} testB | {gt} both "
         "| ground truth minus detected |",
@@ -102,7 +104,7 @@ def refcoco_lines(table: pd.DataFrame, paper: dict) -> list[str]:
         "| setting | cell | SE | shuffled images | image's share | rare words | seen words |",
         "|---|---|---|---|---|---|---|",
     ]
-    for _, row in table.iterrows():
+    for _, row in table[table["refcoco_gt_n"] > 0].iterrows():
         cell, shuffled = row["refcoco_gt_test"], row["refcoco_gt_shuffled"]
         se = accuracy_se(cell, row["refcoco_gt_items"])
         share = cell - shuffled
