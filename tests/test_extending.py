@@ -18,6 +18,7 @@ from vlbert.modeling import (
     VLBertForVCR,
     VLBertForVQA,
     VLBertModel,
+    register_family,
 )
 
 
@@ -72,6 +73,7 @@ def toybert(monkeypatch):
     monkeypatch.setitem(registry.FAMILIES, TOYBERT.name, TOYBERT)
     for setting in SETTINGS:
         monkeypatch.setitem(registry.SETTINGS, setting.name, setting)
+    register_family(TOYBERT)  # what a family's own module does: on transformers' Auto classes
     return TOYBERT
 
 

@@ -1,16 +1,17 @@
 """The grounding probe: masked colour, shape and size words with the own image and another's, the
 masked words' attention on [IMG], and how the pre-training report shows them."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from vlbert.engine.grounding import (
     WORD_KINDS,
+    attention_share,
     grounding_probe,
-    img_attention_share,
     kind_vocabulary,
     mask_kind,
-    pixel_attention_share,
     probe_batches,
 )
 from vlbert.modeling.heads import IGNORE_INDEX
@@ -118,7 +119,12 @@ def test_attention_share_and_its_uniform_baseline_on_a_hand_made_batch():
         2, 1, 1
     )
     layer = torch.stack([focused, uniform], 1)  # [B, heads, L, L]
-    shares, baseline = img_attention_share([layer, uniform.unsqueeze(1)], batch, IMG)
+    from vlbert.modeling import VLBertModel
+
+    encoder = SimpleNamespace(config=SimpleNamespace(img_token_id=IMG))  # its attention_columns read no more
+    shares, baseline = attention_share(
+        [layer, uniform.unsqueeze(1)], *VLBertModel.attention_columns(encoder, batch, None)
+    )
     assert baseline.tolist() == pytest.approx([2 / 6, 1 / 5])
     torch.testing.assert_close(shares, torch.tensor([[(1 + 2 / 6) / 2, 2 / 6], [(1 + 1 / 5) / 2, 1 / 5]]))
 
@@ -126,7 +132,7 @@ def test_attention_share_and_its_uniform_baseline_on_a_hand_made_batch():
 def test_pixel_bert_attention_share_maps_the_masked_words_through_the_text_slots():
     """Pixel-BERT's encoder holds the words at the front (text_index), then the pixel tokens: a
     masked word's share is the mass on the pixel tokens, its baseline their share of the attended."""
-    from types import SimpleNamespace
+    from vlbert.modeling import PixelBertModel
 
     WORD = 9
     batch = {"mlm_labels": torch.full((2, 6), IGNORE_INDEX)}  # input columns:
@@ -141,7 +147,8 @@ def test_pixel_bert_attention_share_maps_the_masked_words_through_the_text_slots
     focused = torch.zeros(2, 6, 6)
     focused[:, :, 4] = 1  # all on the first pixel token
     uniform = (attended / attended.sum(1, keepdim=True)).unsqueeze(1).expand(2, 6, 6)
-    shares, baseline = pixel_attention_share([torch.stack([focused, uniform], 1)], batch, encoded)
+    columns = PixelBertModel.attention_columns(None, batch, encoded)
+    shares, baseline = attention_share([torch.stack([focused, uniform], 1)], *columns)
     assert baseline.tolist() == pytest.approx([2 / 5, 1 / 5])
     torch.testing.assert_close(shares, torch.tensor([[(1 + 2 / 5) / 2], [(1 + 1 / 5) / 2]]))
 

@@ -1,13 +1,13 @@
 """The package's layers, bottom to top: a module imports only from its own layer and those below."""
 
 import ast
+import re
 
 from conftest import REPO
 
 from vlbert.registry import FAMILIES
 
-# registry at the ground floor; cli on top. auto.py is below modeling: the configurations register
-# themselves through it, and it imports the model families only when transformers asks.
+# registry at the ground floor; cli on top.
 LAYERS = (
     "registry",
     "hardware",
@@ -18,7 +18,6 @@ LAYERS = (
     "data",
     "detection",
     "evaluation",
-    "auto",
     "modeling",
     "tasks",
     "engine",
@@ -154,3 +153,22 @@ def test_the_engine_talks_to_neither_mlflow_nor_ray():
             if name.split(".")[0] in ("mlflow", "ray"):
                 talking.append(f"{path.relative_to(REPO)} imports {name}")
     assert not talking, "\n".join(talking)
+
+
+def test_the_engine_tells_no_model_family_by_name():
+    """What differs between the families reaches the engine from their classes and registry entries
+    (a pre-trained CNN's rate factor, a single-stream encoder's attention columns, a setting's model
+    overrides), never from a family's name. VL-BERT's names stay where its classes serve every
+    family (the config base, the processor)."""
+    words = {
+        word.lower()
+        for family in FAMILIES.values()
+        if family.name != "vlbert"
+        for word in (family.name, family.title, family.model_class.removesuffix("Model"))
+    }
+    named = []
+    for path in sorted((REPO / "vlbert" / "engine").glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if any(word in line.lower() for word in words) or re.search(r"\bfamily\s*[!=]=", line):
+                named.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not named, "\n".join(named)

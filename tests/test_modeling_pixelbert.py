@@ -193,6 +193,18 @@ def test_the_cnn_starts_as_the_detector_trunk(smoke_detector):
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+def test_the_cnn_trains_at_the_section_s_cnn_rate_factor(smoke_detector):
+    from vlbert.engine.optim import build_optimizer
+
+    model = build(PixelBertForVQA, smoke_detector, cnn_trainable_layers=2)
+    optimizer = build_optimizer(model, {"lr": 1.0, "cnn_lr_factor": 0.1, "head_lr_factor": 3.0})
+    rates = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    trained = {name: rates[id(p)] for name, p in model.named_parameters() if p.requires_grad}
+    assert {round(r, 6) for n, r in trained.items() if n.startswith("pixelbert.cnn.")} == {0.1}
+    assert {r for n, r in trained.items() if n.startswith("classifier.")} == {3.0}
+    assert {r for n, r in trained.items() if n.startswith("pixelbert.bert.")} == {1.0}
+
+
 def test_pixel_sampling_only_in_pretraining_steps(smoke_detector, images, processor):
     seen = []
 

@@ -41,8 +41,14 @@ def test_biases_and_norms_get_no_weight_decay():
     assert len(decay["params"]) == 1 and decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
 
 
-def test_the_tuned_fast_rcnn_takes_its_own_rate_through_the_schedule():
-    model = torch.nn.ModuleDict({"fast_rcnn": torch.nn.Linear(2, 2), "head": torch.nn.Linear(2, 2)})
+class PretrainedBackbone(torch.nn.Linear):
+    """A module that names the option scaling its rate, as the Fast R-CNN and Pixel-BERT's CNN do."""
+
+    lr_factor_option = "frcnn_lr_factor"
+
+
+def test_a_backbone_that_names_its_rate_factor_takes_its_own_rate_through_the_schedule():
+    model = torch.nn.ModuleDict({"fast_rcnn": PretrainedBackbone(2, 2), "head": torch.nn.Linear(2, 2)})
     optimizer = build_optimizer(model, {"lr": 1.0, "frcnn_lr_factor": 0.1})
     rates = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
     assert rates[id(model["fast_rcnn"].weight)] == rates[id(model["fast_rcnn"].bias)] == pytest.approx(0.1)

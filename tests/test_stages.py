@@ -278,7 +278,7 @@ def test_each_setting_pretrains_with_its_tasks(smoke_study, smoke_config, name):
     # The checkpoint the study wrote is a transformers one: its class and AutoModel load it.
     from transformers import AutoModel
 
-    import vlbert  # noqa: F401  (registers the Auto classes)
+    import vlbert.modeling  # noqa: F401  (registers the Auto classes)
     from vlbert.modeling import VLBertForPreTraining, VLBertModel
 
     model = VLBertForPreTraining.from_pretrained(out / "best")

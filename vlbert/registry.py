@@ -4,7 +4,7 @@ These strings are the Snakemake wildcards, the CLI choices, the MLflow tags and 
 rows and columns; nothing else defines them. A task's entry also says which feature stores and
 data set splits it reads, its head, its preset section and its Table 4 column, so a new task is
 one entry here and its adapter in vlbert/tasks/. A model family's entry names its classes (which
-`family_class` looks up and vlbert/auto.py puts on transformers' Auto classes), its cost to the
+`family_class` looks up and `vlbert.modeling.register_family` puts on transformers' Auto classes), its cost to the
 workflow's scheduler and its rows in the systems table, so a new family is one entry here, its rows
 in SETTINGS, and its files: in vlbert/modeling/, or any module its entry's `module` names.
 """
@@ -123,6 +123,13 @@ class Setting:
     @property
     def model_family(self) -> ModelFamily:
         return FAMILIES[self.family]
+
+    @property
+    def pretraining_overrides(self) -> dict:
+        """What its pre-training model's config takes over the preset's model section: a family
+        that reads pixels keeps every pixel token where the setting does not sample them (the
+        preset's `pixel_samples` are the sampling setting's)."""
+        return {"pixel_samples": 0} if self.model_family.reads_pixels and not self.pixel_sampling else {}
 
 
 SETTINGS = {

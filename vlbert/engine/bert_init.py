@@ -83,7 +83,7 @@ def init_word_embeddings(model: BertForMaskedLM, std: float) -> None:
 
 class BertInitStage(Stage):
     """Masked language modelling of a new small BERT on the text corpus into `out`: no validation,
-    the last epoch's weights kept, saved with the tokenizer as out/bert (what VL-BERT loads)."""
+    the last epoch's weights kept, saved with the tokenizer as out/bert (what every family loads)."""
 
     validates = False
     data_parallel = False
@@ -151,7 +151,7 @@ class BertInitStage(Stage):
         }
 
     def result(self, state, speed):
-        """The BERT checkpoint that VL-BERT loads: the last epoch's weights and the tokenizer."""
+        """The BERT checkpoint that every family loads: the last epoch's weights and the tokenizer."""
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()

@@ -1,5 +1,6 @@
-"""Building a VL-BERT for training: sizes from the preset or the BERT checkpoint, visual sizes
-from the detector, text weights from BERT, Fast R-CNN weights from the detector."""
+"""Building a model of any family for training: sizes from the preset or the BERT checkpoint,
+visual sizes from the detector, text weights from BERT, the detector's weights where the family
+takes them."""
 
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ def model_config(config_class, preset: dict, bert: str | Path, detector_dir, **o
 
 
 def build_model(cls, preset: dict, bert, detector_dir, appearance_mean=None, image_paths=None, **overrides):
-    """A new VL-BERT head model: text weights from `bert`, Fast R-CNN from the detector, and the
-    appearance features centred on `appearance_mean` (that of its training images, from
-    `data.feature_mean`; None: not centred). `image_paths`: the training images in order, for a
-    family that takes statistics of their pixels (`fit_pixel_statistics`; read lazily, only if it
-    does). Returns (model, load report)."""
+    """A new model of `cls` (a pre-training model or task head): text weights from `bert`, the
+    detector's weights where its family takes them, and the appearance features centred on
+    `appearance_mean` (that of its training images, from `data.feature_mean`; None: not centred).
+    `image_paths`: the training images in order, for a family that takes statistics of their
+    pixels (`fit_pixel_statistics`; read lazily, only if it does). Returns (model, load report)."""
     model = cls(model_config(cls.config_class, preset, bert, detector_dir, **overrides))
     report = model.load_bert(bert)
     model.load_detector(detector_dir)

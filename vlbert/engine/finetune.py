@@ -48,8 +48,8 @@ HEAD_SWITCHES = ("standardise_head_input", "centre_candidates", "tags_at_region_
 
 def head_overrides(options: dict, start) -> dict:
     """The task model's config fields a preset's fine-tuning section sets: the head's standardised
-    input, VCR's centred candidates, its tags at their regions' scale (VL-BERT) or pointing at their
-    regions in co-attention (ViLBERT), and the body's dropout
+    input, VCR's centred candidates, its tags at their regions' scale or pointing at their regions
+    in co-attention (whichever its family's config has), and the body's dropout
     (`dropout`; the new head keeps the start's, as transformers' classifier_dropout does).
     `start`: the checkpoint fine-tuning starts from."""
     # Each switch set either way: a start whose config has one on (a fine-tuned checkpoint) keeps it

@@ -7,9 +7,10 @@ no other mention to copy ("a red circle and a red square"), and choosing within 
 grammar out of the guess: what is left is which colour, shape or size, which only the image tells.
 Own minus other is what the image adds, per kind.
 
-The probe also measures where the masked words look: the attention probability mass they put on
-the visual elements they share one attention with (VL-BERT's [IMG] elements, Pixel-BERT's pixel
-tokens), per layer, against the share that uniform attention would give them.
+The probe also measures where the masked words look, in a single-stream encoder (one attention over
+words and visual elements; its `attention_columns` say which are which): the attention probability
+mass they put on the visual elements, per layer, against the share that uniform attention would
+give them.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ import torch
 from ..data.synthetic.language import plural
 from ..data.synthetic.world import COLOURS, SHAPES, SIZES
 from ..modeling.heads import IGNORE_INDEX
-from ..modeling.modeling_pixelbert import PixelBertModel, PixelBertModelOutput
-from ..modeling.modeling_vlbert import VLBertModel
 from .device import move_to
 from .mlm_validation import other_image_order
 
@@ -85,29 +84,6 @@ def attention_share(
     shares = torch.stack([torch.einsum("bqk,bk->bq", a.float().mean(1), visual)[queries] for a in attentions], -1)
     uniform = visual.sum(1) / attended.float().sum(1)
     return shares, uniform.unsqueeze(1).expand_as(queries)[queries]
-
-
-def img_attention_share(attentions, batch: dict, img_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """VL-BERT's: the masked words' attention on the [IMG] elements (see `attention_share`)."""
-    return attention_share(
-        attentions,
-        batch["input_ids"] == img_token_id,
-        batch["mlm_labels"] != IGNORE_INDEX,
-        batch["attention_mask"].bool(),
-    )
-
-
-def pixel_attention_share(attentions, batch: dict, encoded: PixelBertModelOutput) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pixel-BERT's: the masked words' attention on the pixel tokens. Its encoder holds the words
-    moved to the front (`text_index`, the input column of each text slot), then the pixel tokens."""
-    labels = batch["mlm_labels"].gather(1, encoded.text_index).masked_fill(~encoded.text_mask, IGNORE_INDEX)
-    pixels = encoded.pixels.mask.bool()
-    return attention_share(
-        attentions,
-        torch.cat([torch.zeros_like(encoded.text_mask), pixels], 1),
-        torch.cat([labels != IGNORE_INDEX, torch.zeros_like(pixels)], 1),
-        torch.cat([encoded.text_mask, pixels], 1),
-    )
 
 
 @contextmanager
@@ -175,12 +151,11 @@ def grounding_probe(
     model.eval()
     device = next(model.parameters()).device
     metrics, shares, uniform = {}, [], []
-    # Where the words and the visual elements share one attention: VL-BERT's [IMG] elements,
-    # Pixel-BERT's pixel tokens. A two-stream model's words reach the regions through co-attention.
+    # A two-stream encoder's words reach the visual elements through co-attention: no share to read.
     base = model.base_model
-    single_stream = isinstance(base, (VLBertModel, PixelBertModel))
+    single_stream = base.single_stream
     recording = recorded_attentions(base.bert) if single_stream else nullcontext([])
-    encoding = recorded_outputs(base) if isinstance(base, PixelBertModel) else nullcontext([])
+    encoding = recorded_outputs(base) if single_stream else nullcontext([])
     with recording as attentions, encoding as encoded:
         for kind, words in WORD_KINDS.items():
             candidates = torch.tensor(sorted(set(kind_vocabulary(processor.tokenizer, words).values())), device=device)
@@ -203,11 +178,7 @@ def grounding_probe(
                     if image == "own":
                         count += len(targets)
                     if image == "own" and single_stream:
-                        share, baseline = (
-                            pixel_attention_share(attentions, batch, encoded[0])
-                            if encoded
-                            else img_attention_share(attentions, batch, processor.img_token_id)
-                        )
+                        share, baseline = attention_share(attentions, *base.attention_columns(batch, encoded[0]))
                         shares.append(share.cpu())
                         uniform.append(baseline.cpu())
             own_accuracy, other_accuracy = (100 * right[i] / max(count, 1) for i in ("own", "other"))

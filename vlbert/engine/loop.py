@@ -110,7 +110,7 @@ def _as_is(item):
 
 def _pinned(obj, memo: dict):
     """`obj` with its tensors in pinned memory; a tensor it holds several times stays one tensor
-    (as move_to keeps it: Pixel-BERT runs an image given several times through its CNN once)."""
+    (as move_to keeps it: a family that reads pixels runs an image given several times through its CNN once)."""
     if isinstance(obj, torch.Tensor):
         if id(obj) not in memo:
             memo[id(obj)] = obj.pin_memory()

@@ -10,8 +10,6 @@ import torch
 from torch import nn
 
 NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight", "mask_embedding", "text_only_embedding", "text_scale")
-FAST_RCNN = "fast_rcnn."  # the Fast R-CNN module's parameters: `frcnn_lr_factor` x the rate
-PIXEL_CNN = "pixelbert.cnn."  # Pixel-BERT's CNN, trained end to end: `cnn_lr_factor` x the rate
 # Every family's task model names its new answer / score head `classifier`: `head_lr_factor` x the rate.
 TASK_HEAD = "classifier."
 # Devices whose optimisers step every parameter in one fused kernel; elsewhere the step is a loop
@@ -22,22 +20,15 @@ FUSED = True  # bench/train_step.py --unfused sets it off, to measure the differ
 
 def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) -> torch.optim.Optimizer:
     lr = lr if lr is not None else options["lr"]
-    # A pre-trained detector under a transformer's rate: usually a smaller rate (frcnn_lr_factor).
-    frcnn_factor = float(options.get("frcnn_lr_factor", 1.0))
-    cnn_factor = float(options.get("cnn_lr_factor", 1.0))
     # A head that starts from random weights, at a pre-trained body's rate, learns the answer
     # prior and stays there, though the body's features already hold the answer.
     head_factor = float(options.get("head_lr_factor", 1.0))
+    module_factors = _module_factors(model, options)
     groups = {}
     for name, param in model.named_parameters():
         if param.requires_grad:
             decays = not (name.endswith(NO_DECAY) or param.ndim == 1)
-            if FAST_RCNN in name:
-                factor = frcnn_factor
-            elif name.startswith(PIXEL_CNN):
-                factor = cnn_factor
-            else:
-                factor = head_factor if name.startswith(TASK_HEAD) else 1.0
+            factor = module_factors.get(id(param), head_factor if name.startswith(TASK_HEAD) else 1.0)
             groups.setdefault((decays, factor), []).append(param)
     groups = [
         {"params": params, "weight_decay": options.get("weight_decay", 1e-4) if decays else 0.0, "lr": lr * factor}
@@ -50,6 +41,17 @@ def build_optimizer(model: nn.Module, options: dict, lr: float | None = None) ->
     if kind == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=options.get("momentum", 0.9), fused=fused)
     raise ValueError(f"unknown optimizer {kind!r}")
+
+
+def _module_factors(model: nn.Module, options: dict) -> dict[int, float]:
+    """The rate factor of each parameter (by id) of a module that names the section's option scaling
+    its rate (`lr_factor_option`: a pre-trained detector's or CNN's, usually below 1)."""
+    factors = {}
+    for module in model.modules():
+        option = getattr(module, "lr_factor_option", None)
+        if option is not None:
+            factors.update({id(p): float(options.get(option, 1.0)) for p in module.parameters()})
+    return factors
 
 
 def _fusable(model: nn.Module) -> bool | None:

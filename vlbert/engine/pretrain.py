@@ -82,24 +82,22 @@ class PretrainStage(Stage):
             data_root / "conceptual_captions", train_store.split, open_store(features_dir, train_store), max_rois
         )
         self.curriculum = pretrain_curriculum(preset, setting.name)  # its settings checked before the build
-        # Pixel-BERT without pixel sampling keeps every pixel token (the preset's pixel_samples: with it).
-        sampling = {"pixel_samples": 0} if setting.family == "pixelbert" and not setting.pixel_sampling else {}
         model, self.report = build_model(
             family_class(setting.model_family, setting.model_family.pretraining_class),
             preset,
             bert,
             detector_dir,
             tune_frcnn=setting.tune_frcnn,
-            **sampling,
+            **setting.pretraining_overrides,
             appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))),
             image_paths=(c.image_path for c in captions.captions),
         )
         self.model = model.to(self.device)
-        # Pixel-BERT's first epochs without pixel sampling (pixel_sampling_warmup_epochs).
+        # A pixel-sampling setting's first epochs without sampling (pixel_sampling_warmup_epochs).
         self.sampling_warmup = getattr(model.config, "pixel_sampling_warmup_epochs", 0)
         if getattr(model.config, "pixel_samples", 0) and self.sampling_warmup >= int(options["epochs"]):
             raise ValueError(
-                f"model.pixelbert.pixel_sampling_warmup_epochs ({self.sampling_warmup}) must be under "
+                f"model.{setting.family}.pixel_sampling_warmup_epochs ({self.sampling_warmup}) must be under "
                 f"pretrain.epochs ({options['epochs']}): {setting.name} would never sample its pixels"
             )
         val = CaptionDataset(

@@ -1,8 +1,8 @@
 """The VCR leaderboard's submission CSV from a Q->A and a QA->R fine-tuning run.
 
 The leaderboard's test questions come without their right answer, so it takes the rationale
-scores after each of the four answers (r2c's `eval_for_leaderboard.py`; VL-BERT's
-`vcr/function/test.py` runs its QA->R model on the four as well). Fine-tuning scores the
+scores after each of the four answers (r2c's `eval_for_leaderboard.py`; the released code of the
+ablation's paper, `vcr/function/test.py`, runs its QA->R model on the four as well). Fine-tuning scores the
 rationales after the right answer only; here the QA->R run's best model scores them after every
 answer, each input built exactly as in fine-tuning. The answer scores are the Q->A run's
 `predictions_<split>.json`.

@@ -3,53 +3,73 @@ heads, the processor), ViLBERT (two streams) and Pixel-BERT (pixels into one str
 configuration_* and modeling_* files; what they share in modules of its own: pretrained.py (the
 base class: init, BERT loading, checkpoints), inputs.py (VisualInputs), heads.py (heads, losses).
 
-No MLflow, Ray or training-loop code lives here. The names load on first use, so that the
-configuration (vlbert/auto.py registers it) comes without torch's model code.
+Importing this package puts every family of `vlbert.registry.FAMILIES` on transformers' Auto
+classes (`register_family`): after `import vlbert.modeling`, AutoConfig, AutoModel and
+AutoModelForPreTraining load a checkpoint the study wrote. `import vlbert` alone does not import
+it, so that the data and report jobs load neither torch nor transformers.
+
+No MLflow, Ray or training-loop code lives here.
 """
 
 from __future__ import annotations
 
-import importlib
-
-from ..registry import FAMILIES as _FAMILIES
-
-# Each name and the module that defines it: the family-independent ones, then each family's
-# classes as its registry entry names them (a family whose entry names a `module` of its own is
-# looked up there, by vlbert.registry.family_class).
-_MODULES = {
-    "FastRCNN": "fast_rcnn",
-    "VLBertProcessor": "processing_vlbert",
-    **{f.config_class: f.configuration_module for f in _FAMILIES.values() if f.module is None},
-    **{
-        name: f.modeling_module
-        for f in _FAMILIES.values()
-        if f.module is None
-        for name in (f.model_class, f.pretraining_class, *f.head_classes.values())
-    },
-}
+from ..registry import FAMILIES, ModelFamily, family_class
+from .configuration_pixelbert import PixelBertConfig
+from .configuration_vilbert import ViLBertConfig
+from .configuration_vlbert import VLBertConfig
+from .fast_rcnn import FastRCNN
+from .modeling_pixelbert import (
+    PixelBertForPreTraining,
+    PixelBertForRefCOCO,
+    PixelBertForVCR,
+    PixelBertForVQA,
+    PixelBertModel,
+)
+from .modeling_vilbert import ViLBertForPreTraining, ViLBertForRefCOCO, ViLBertForVCR, ViLBertForVQA, ViLBertModel
+from .modeling_vlbert import VLBertForPreTraining, VLBertForRefCOCO, VLBertForVCR, VLBertForVQA, VLBertModel
+from .processing_vlbert import VLBertProcessor
 
 
-def __getattr__(name: str):
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_MODULES[name]}", __name__), name)
-    globals()[name] = value
-    return value
+def register_family(family: ModelFamily | str) -> None:
+    """A family on transformers' Auto classes: its config on AutoConfig (under its model_type, the
+    key a checkpoint's config.json names), its encoder on AutoModel, its pre-training model on
+    AutoModelForPreTraining. The task heads have no Auto class whose inputs they take. A family
+    whose classes live in a module of its own (`ModelFamily.module`) calls this for itself."""
+    from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
+
+    family = FAMILIES[family] if isinstance(family, str) else family
+    config_class = family_class(family, family.config_class)
+    if config_class.model_type != family.name:
+        raise ValueError(f"{config_class.__name__}.model_type is {config_class.model_type!r}, not {family.name!r}")
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    AutoModel.register(config_class, family_class(family, family.model_class), exist_ok=True)
+    AutoModelForPreTraining.register(config_class, family_class(family, family.pretraining_class), exist_ok=True)
 
 
-def __dir__():
-    return sorted([*globals(), *_MODULES])
+for _family in FAMILIES.values():
+    if _family.module is None:
+        register_family(_family)
 
-
-def register_auto_classes() -> None:
-    """AutoConfig for every family's model_type, AutoModel (the encoder) and
-    AutoModelForPreTraining. The task heads have no Auto class whose inputs they take."""
-    from transformers import AutoConfig
-
-    from ..auto import register_config, register_models
-
-    register_config(AutoConfig)
-    register_models()
-
-
-__all__ = [*_MODULES, "register_auto_classes"]
+__all__ = [
+    "FastRCNN",
+    "PixelBertConfig",
+    "PixelBertForPreTraining",
+    "PixelBertForRefCOCO",
+    "PixelBertForVCR",
+    "PixelBertForVQA",
+    "PixelBertModel",
+    "VLBertConfig",
+    "VLBertForPreTraining",
+    "VLBertForRefCOCO",
+    "VLBertForVCR",
+    "VLBertForVQA",
+    "VLBertModel",
+    "VLBertProcessor",
+    "ViLBertConfig",
+    "ViLBertForPreTraining",
+    "ViLBertForRefCOCO",
+    "ViLBertForVCR",
+    "ViLBertForVQA",
+    "ViLBertModel",
+    "register_family",
+]

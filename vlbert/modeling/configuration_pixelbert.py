@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..auto import register_on_use
 from .configuration_vlbert import VLBertConfig
 
 CNNS = ("detector", "resnet50")
@@ -114,7 +113,3 @@ class PixelBertConfig(VLBertConfig):
             raise ValueError('PixelBertConfig: cnn="detector" needs frcnn, the detector\'s config')
         size = self.image_min_size or self.frcnn["image_size"]
         return size, self.image_max_size or size
-
-
-# On AutoConfig: now if transformers has loaded it, else when it does (vlbert/auto.py).
-register_on_use()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from ..auto import register_on_use
 from .configuration_vlbert import VLBertConfig
 
 
@@ -68,7 +67,3 @@ class ViLBertConfig(VLBertConfig):
                 raise ValueError(f"ViLBertConfig: {name} {layers} must be increasing, each within 0..{count}")
         self.text_coattention_layers = text_coattention_layers
         self.visual_coattention_layers = visual_coattention_layers
-
-
-# On AutoConfig: now if transformers has loaded it, else when it does (vlbert/auto.py).
-register_on_use()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from transformers import BertConfig
 
-from ..auto import register_models, register_on_use
-
 # BERT's uncased WordPiece vocabulary reserves [unused0..993]; VL-BERT's two new tokens take the
 # first two, so a BERT checkpoint's embedding matrix is used as it is (no resize, no new rows).
 IMG_TOKEN = "[unused0]"
@@ -84,9 +82,6 @@ class VLBertConfig(BertConfig):
         self.centre_candidates = centre_candidates
         self.tags_at_region_scale = tags_at_region_scale
         self.tag_coattention_mask = tag_coattention_mask
-        # The models on AutoModel and AutoModelForPreTraining, which from_pretrained asks after
-        # making the config (vlbert/auto.py: why not sooner).
-        register_models()
 
     @property
     def geometry_dim(self) -> int:
@@ -96,7 +91,3 @@ class VLBertConfig(BertConfig):
         # Every field, defaults included (transformers writes only those that differ): a
         # checkpoint's config.json tells its reader what it is (tune_frcnn, num_answers, ...).
         super().to_json_file(json_file_path, use_diff=use_diff)
-
-
-# On AutoConfig: now if transformers has loaded it, else when it does (vlbert/auto.py).
-register_on_use()

@@ -40,6 +40,9 @@ class FastRCNN(nn.Module):
     """trainable: whether it receives gradients; then its trunk's first `frozen_stages` stages
     (the stem, C2, C3, C4 in order) stay frozen."""
 
+    # A pre-trained detector under a transformer's rate: the section's option that scales its rate.
+    lr_factor_option = "frcnn_lr_factor"
+
     def __init__(self, config: DetectorConfig, trainable: bool = False, frozen_stages: int = 2):
         super().__init__()
         self.config = config

@@ -123,6 +123,9 @@ class PixelBertCNN(nn.Module):
     (its path) has the frozen part's output computed once, without autograd, and kept (up to
     `PIXEL_MAP_CACHE_BYTES`): its C4 map when C5 trains, its C5 map when nothing does."""
 
+    # A pre-trained CNN trained end to end under a transformer's rate: the option that scales it.
+    lr_factor_option = "cnn_lr_factor"
+
     def __init__(self, config: PixelBertConfig):
         super().__init__()
         min_size, max_size = config.image_sizes
@@ -364,10 +367,6 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
     config_class = PixelBertConfig
     base_model_prefix = "pixelbert"
 
-    def _after_loading(self) -> None:
-        """The CNN's BatchNorm and frozen stages frozen again."""
-        self.base_model.cnn.freeze()  # loading made every float parameter trainable
-
     # ---- what the study's builder calls on a new model (every model family has them) ---------
 
     def load_detector(self, detector_dir) -> None:
@@ -446,6 +445,22 @@ class PixelBertModel(PixelBertPreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.bert.embeddings.word_embeddings = value
+
+    single_stream = True
+
+    def attention_columns(
+        self, batch: dict, encoded: PixelBertModelOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Its sequence holds the words moved to the front (`text_index`, the input column of each
+        text slot), then the pixel tokens: the visual elements."""
+        labels = batch["mlm_labels"].gather(1, encoded.text_index).masked_fill(~encoded.text_mask, IGNORE_INDEX)
+        pixels = encoded.pixels.mask.bool()
+        text = encoded.text_mask
+        return (
+            torch.cat([torch.zeros_like(text), pixels], 1),
+            torch.cat([labels != IGNORE_INDEX, torch.zeros_like(pixels)], 1),
+            torch.cat([text, pixels], 1),
+        )
 
     def pixel_tokens(
         self, images: list[torch.Tensor], sample_pixels: int = 0, keys: list[str | None] | None = None

@@ -13,8 +13,8 @@ then one class per head. What every family shares is in its own modules: weight 
 loading and checkpoints in `pretrained.py` (`StudyPreTrainedModel`, which `VLBertPreTrainedModel`
 subclasses), the regions' inputs in `inputs.py` (`VisualInputs`), the heads and losses in
 `heads.py`. The classes are transformers `PreTrainedModel`s: `save_pretrained` / `from_pretrained`
-write and read safetensors plus config.json, and `import vlbert` registers them with AutoConfig /
-AutoModel / AutoModelForPreTraining.
+write and read safetensors plus config.json, and `import vlbert.modeling` registers them with
+AutoConfig / AutoModel / AutoModelForPreTraining.
 """
 
 from __future__ import annotations
@@ -95,11 +95,6 @@ class VLBertPreTrainedModel(StudyPreTrainedModel):
     base_model_prefix = "vlbert"
     _detector_name = "fast_rcnn"
 
-    def _after_loading(self) -> None:
-        """The Fast R-CNN's frozen parameters frozen again."""
-        if self.base_model.fast_rcnn is not None:
-            self.base_model.fast_rcnn.set_requires_grad()  # loading made every float parameter trainable
-
     # ---- what the study's builder calls on a new model (every model family has them) ---------
 
     def load_detector(self, detector_dir) -> None:
@@ -177,6 +172,16 @@ class VLBertModel(VLBertPreTrainedModel):
         )
         recomputed = out[rows].masked_scatter(valid.unsqueeze(-1), torch.cat(per_image).to(out.dtype))
         return out.index_put((torch.tensor(rows, device=out.device),), recomputed)
+
+    single_stream = True
+
+    def attention_columns(self, batch: dict, encoded) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Its sequence is the batch's: the [IMG] elements are the visual ones."""
+        return (
+            batch["input_ids"] == self.config.img_token_id,
+            batch["mlm_labels"] != IGNORE_INDEX,
+            batch["attention_mask"].bool(),
+        )
 
     def forward(
         self,

@@ -14,26 +14,22 @@ reads of a family's encoder (its `base_model`):
   weights, in one pass (the head's `post_init`);
 - the class attribute `_detector_name`: the encoder's submodule, if any, that keeps its own
   initialisation until the trained detector's weights load, and that `load_bert` does not count
-  as new (VL-BERT's `fast_rcnn`; None: every module takes BERT's init);
-- `_after_loading`: what the family puts back after transformers' load (which makes every float
-  parameter trainable), e.g. a frozen detector's `requires_grad`.
+  as new (VL-BERT's `fast_rcnn`; None: every module takes BERT's init).
 
-Why transformers' private loader methods are overridden (transformers 5, pinned in pyproject.toml):
-transformers builds a model on the meta device and initialises only what the checkpoint lacks; the
-study's results were drawn from models built as `cls(config)` builds them, every weight drawn from
-the RNG in module order. `get_init_context` drops the meta device, so the build draws every weight;
-`_move_missing_keys_from_meta_to_device` and `_initialize_missing_keys` then leave what the
-checkpoint lacks with the values the build drew; `_load_pretrained_model` keeps a new head's draws
-where a checkpoint of another class shares its names. The comments at each say more.
+Loading (`from_pretrained`, which transformers' Auto classes call too) builds the model as
+`cls(config)` builds it, every weight drawn from the RNG in module order as the study's results
+were drawn, then loads the checkpoint's weights over it with torch's `load_state_dict`: a task
+head new on a pre-training checkpoint starts from the draws `cls(config)` makes, and leaves the
+RNG where `cls(config)` leaves it. Only transformers' public API is used (configs, `cached_file`,
+`save_pretrained`).
 
-Reading order: weight init, the held LOAD REPORT and transformers' quiet loading, then
-`StudyPreTrainedModel`: init, from_pretrained and the loader overrides, the checkpoint's checks,
-save_pretrained, load_bert, the builder's hooks.
+Reading order: weight init, transformers' quiet loading, then `StudyPreTrainedModel`: init,
+from_pretrained and the checkpoint's checks, save_pretrained, load_bert, the builder's hooks.
 """
 
 from __future__ import annotations
 
-import logging
+import copy
 import os
 import shutil
 import tempfile
@@ -42,13 +38,18 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import nn
 from transformers import BertModel, PreTrainedModel
-from transformers.utils import SAFE_WEIGHTS_NAME
+from transformers.utils import SAFE_WEIGHTS_NAME, cached_file
 
 from ..io import DIGESTS_FILE, CorruptCheckpointError, check_checkpoint, write_digests, writing
 
-_TRANSFORMERS_LOADER = "transformers.modeling_utils"  # the logger of transformers' LOAD REPORT
+# transformers' from_pretrained arguments that say where a checkpoint is (the Hub's); the Auto
+# classes pass them on.
+HUB_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
+# What the Auto classes add for their own loader, which this one has no use for.
+AUTO_CLASS_ARGUMENTS = ("_from_auto", "trust_remote_code", "code_revision", "adapter_kwargs")
 
 
 # Adapted from transformers.models.bert.modeling_bert.BertPreTrainedModel._init_weights: the same
@@ -62,24 +63,6 @@ def init_weights(module: nn.Module, std: float = 0.02) -> None:
     elif isinstance(module, nn.LayerNorm):
         module.weight.data.fill_(1.0)
         module.bias.data.zero_()
-
-
-class _HeldLoadReport(logging.Filter):
-    """Holds back transformers' LOAD REPORT records; `release` logs them after all."""
-
-    def __init__(self):
-        super().__init__()
-        self.records = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "LOAD REPORT" in record.getMessage():
-            self.records.append(record)
-            return False
-        return True
-
-    def release(self, logger: logging.Logger) -> None:
-        for record in self.records:
-            logger.handle(record)
 
 
 @contextmanager
@@ -112,12 +95,22 @@ class StudyPreTrainedModel(PreTrainedModel):
     """
 
     _supports_sdpa = True  # the attention is BertModel's
+    # A single-stream encoder: the words and the visual elements share one attention, its
+    # BertModel's (`bert`), and `attention_columns` says which of its columns are which. A
+    # two-stream encoder's words reach the visual elements through co-attention alone.
+    single_stream: bool = False
     # The encoder's submodule that keeps its own init until the detector's weights load (None: none).
     _detector_name: str | None = None
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         init_weights(module, self.config.initializer_range)
+
+    def attention_columns(self, batch: dict, encoded) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A single-stream encoder's sequence, [B, L] masks each: its visual elements, its masked
+        words (the batch's `mlm_labels`), and the elements it attends. `encoded`: its forward's
+        output on the batch."""
+        raise NotImplementedError(f"{type(self).__name__} is no single-stream encoder")
 
     def _detector(self) -> nn.Module | None:
         return getattr(self.base_model, self._detector_name) if self._detector_name else None
@@ -158,96 +151,85 @@ class StudyPreTrainedModel(PreTrainedModel):
                 part.reset_parameters()
             module.apply(self._init_weights)
 
-    # ---- from_pretrained: built as cls(config) builds it --------------------------------------
+    # ---- from_pretrained: built as cls(config) builds it, then loaded ----------------------------
 
     @classmethod
-    def get_init_context(cls, dtype, is_quantized, _is_ds_init_called, allow_all_kernels=None):
-        # transformers' contexts less the meta device: the build initialises every weight.
-        contexts = super().get_init_context(dtype, is_quantized, _is_ds_init_called, allow_all_kernels)
-        return [c for c in contexts if not (isinstance(c, torch.device) and c.type == "meta")]
-
-    def _move_missing_keys_from_meta_to_device(self, missing_keys, device_map, device_mesh, hf_quantizer) -> None:
-        # Nothing is on the meta device (get_init_context): what the checkpoint lacks (a new head,
-        # the non-persistent buffers) keeps the values the build gave it, moved where the device
-        # map puts it, instead of being emptied to be initialised again.
-        if device_map is None:
-            return
-        from transformers.integrations.accelerate import get_device
-
-        names = set(missing_keys) - set(self.all_tied_weights_keys)
-        names |= {name for name, _ in self.named_non_persistent_buffers()}
-        for name in sorted(names):
-            owner, _, leaf = name.rpartition(".")
-            module = self.get_submodule(owner)
-            tensor = getattr(module, leaf)
-            device = get_device(device_map, name, valid_torch_device=True)
-            if isinstance(tensor, nn.Parameter):
-                tensor.data = tensor.data.to(device)
-            else:
-                setattr(module, leaf, tensor.to(device))
-
-    def _initialize_missing_keys(self, is_quantized: bool) -> None:
-        pass  # the build initialised every weight, with the draws cls(config) makes
-
-    @staticmethod
-    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, expected_keys=None):
-        # A checkpoint of another class (a pre-training one into a task head) gives the encoder
-        # only: this model's head keeps the values the build drew, even where the two heads share
-        # names (VCR's masked RoI head and pre-training's).
-        new_head = {}
-        if model._checkpoint_class() != type(model).__name__:
-            new_head = {
-                key: value.detach().clone()
-                for key, value in model.state_dict().items()
-                if not model._in_encoder(key) and key not in model.all_tied_weights_keys
-            }
-        info, offload_index = PreTrainedModel._load_pretrained_model(
-            model, state_dict, checkpoint_files, load_config, expected_keys
-        )
-        with torch.no_grad():
-            for key, value in new_head.items():
-                tensor = model.get_parameter_or_buffer(key)
-                tensor.copy_(value)
-                tensor._is_hf_initialized = False  # not loaded: reported as new
-        info.missing_keys.update(new_head)
-        return info, offload_index
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' from_pretrained (config fields as keyword arguments, e.g. tune_frcnn=False,
-        num_answers=...), then the checkpoint must fit: the encoder (`<base_model_prefix>.*`)
-        loads whole, and a checkpoint of this class loads whole; one of another class (a
-        pre-training checkpoint into a task head) leaves its head behind, and this model's own
-        head starts new."""
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        if Path(pretrained_model_name_or_path).is_dir():
-            check_checkpoint(pretrained_model_name_or_path)
-        # transformers' LOAD REPORT lists the other class's head left behind and this one's new;
-        # held back, and shown only if the checkpoint does not fit (or a weight's shape differs).
-        held, fits = _HeldLoadReport(), False
-        report_logger = logging.getLogger(_TRANSFORMERS_LOADER)
-        report_logger.addFilter(held)
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *model_args, config=None, output_loading_info: bool = False, **kwargs
+    ):
+        """The model `cls(config)` builds, with a checkpoint's weights loaded over it (a local folder
+        or a Hub id; config fields as keyword arguments, e.g. tune_frcnn=False, num_answers=...).
+        The checkpoint must fit: the encoder (`<base_model_prefix>.*`, or an encoder's own
+        checkpoint) loads whole, and a checkpoint of this class loads whole; one of another class (a
+        pre-training checkpoint into a task head) leaves its head behind, and this model's own head
+        keeps the values the build drew, even where the two heads share names (VCR's masked RoI
+        head and pre-training's). In eval mode, as transformers returns a model."""
+        if model_args:
+            raise TypeError(f"{cls.__name__}.from_pretrained takes the checkpoint and keyword arguments only")
+        source = str(pretrained_model_name_or_path)
+        hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
+        for name in AUTO_CLASS_ARGUMENTS:
+            kwargs.pop(name, None)
+        dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+        dtype = None if dtype == "auto" else dtype  # the checkpoint's: the build's float32
+        if Path(source).is_dir():
+            check_checkpoint(source)
+        if config is None:
+            config, kwargs = cls.config_class.from_pretrained(source, return_unused_kwargs=True, **hub, **kwargs)
+        else:
+            config = copy.deepcopy(config)
+            for name in [name for name in kwargs if hasattr(config, name)]:
+                setattr(config, name, kwargs.pop(name))
+        if kwargs:
+            raise TypeError(f"{cls.__name__}.from_pretrained: unknown arguments {sorted(kwargs)}")
         try:
-            try:
-                model, info = super().from_pretrained(
-                    pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-                )
-            except SafetensorError as exc:  # one written before digests were kept, cut short
-                raise CorruptCheckpointError(
-                    f"{pretrained_model_name_or_path}: its weights cannot be read ({exc}): make the checkpoint again"
-                ) from None
-            model._check_checkpoint_fits(pretrained_model_name_or_path, info)
-            fits = not info["mismatched_keys"]
-        finally:
-            report_logger.removeFilter(held)
-            if not fits:
-                held.release(report_logger)
-        model._after_loading()
+            state = load_file(cached_file(source, SAFE_WEIGHTS_NAME, **hub))
+        except SafetensorError as exc:  # one written before digests were kept, cut short
+            raise CorruptCheckpointError(
+                f"{source}: its weights cannot be read ({exc}): make the checkpoint again"
+            ) from None
+        model = cls(config)
+        info = model._load_checkpoint_state(source, state)
+        if dtype is not None:
+            model = model.to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype))
+        model.eval()
         return (model, info) if output_loading_info else model
 
-    def _after_loading(self) -> None:
-        """What the family puts back once the checkpoint is loaded (loading made every float
-        parameter trainable): nothing here."""
+    def _load_checkpoint_state(self, source, state: dict[str, torch.Tensor]) -> dict:
+        """A checkpoint's weights over this model, in either naming (an encoder's or a head's);
+        returns what was missing and unexpected, as transformers' loading info names them."""
+        prefix = f"{self.base_model_prefix}."
+        prefixed = any(key.startswith(prefix) for key in state)
+        if self.base_model is self and prefixed:  # a head's checkpoint into the encoder alone
+            state = {key.removeprefix(prefix): value for key, value in state.items()}
+        elif self.base_model is not self and not prefixed:  # an encoder's checkpoint into a head
+            state = {f"{prefix}{key}": value for key, value in state.items()}
+        left_behind = set()
+        if self._checkpoint_class() != type(self).__name__:  # another class's head stays behind
+            left_behind = {key for key in state if not self._in_encoder(key)}
+            state = {key: value for key, value in state.items() if key not in left_behind}
+        own = self.state_dict()
+        mismatched = [
+            f"{key} {tuple(value.shape)} against {tuple(own[key].shape)}"
+            for key, value in state.items()
+            if key in own and own[key].shape != value.shape
+        ]
+        if mismatched:
+            raise ValueError(
+                f"{source}: checkpoint ({self._checkpoint_class()}) does not fit {type(self).__name__} "
+                f"(shapes differ: {mismatched[:5]})"
+            )
+        with torch.no_grad():
+            result = self.load_state_dict(state, strict=False)
+        tied = set(self.all_tied_weights_keys)
+        info = {
+            "missing_keys": {key for key in result.missing_keys if key not in tied},
+            "unexpected_keys": set(result.unexpected_keys) | left_behind,
+            "mismatched_keys": [],
+            "error_msgs": [],
+        }
+        self._check_checkpoint_fits(source, info)
+        return info
 
     def _checkpoint_class(self) -> str:
         """The class that wrote the checkpoint loaded (its config's), this one's if unnamed."""

@@ -17,7 +17,7 @@ import pandas as pd
 from ... import io
 from ...evaluation.floors import accuracy_se
 from ...registry import FAMILIES, SETTINGS, TASKS
-from .render import _cell
+from .render import seed_cell
 from .statistics import MISSING
 
 # The two tracks, in the paper's order: its detected regions first (Table 4's column).
@@ -81,7 +81,7 @@ def refcoco_lines(table: pd.DataFrame, paper: dict) -> list[str]:
         cells = []
         for track in TRACKS:
             cells += [_mean(row[f"{track}_{split}"]) for split in TEST_SPLITS]
-            cells.append(_cell(row[f"{track}_test"], row[f"{track}_std"], row[f"{track}_n"]))
+            cells.append(seed_cell(row[f"{track}_test"], row[f"{track}_std"], row[f"{track}_n"]))
         lines.append(
             f"| {row['setting']} | " + " | ".join(cells) + f" | {MISSING if pd.isna(gap) else f'{gap:+.1f}'} |"
         )

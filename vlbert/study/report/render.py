@@ -18,7 +18,7 @@ from .statistics import KILLED, MISSING, floor_of
 # ---- Table 4 and the findings ----------------------------------------------------------------
 
 
-def _cell(mean, std, n, seeds: int = 0, killed: bool = False) -> str:
+def seed_cell(mean, std, n, seeds: int = 0, killed: bool = False) -> str:
     """mean ± std over seeds; a cell without runs is MISSING (KILLED when its runs were killed
     before they had results), one with a single seed says n=1 (it has no spread, not a spread of
     0), one with fewer seeds than the others says how many."""
@@ -29,10 +29,11 @@ def _cell(mean, std, n, seeds: int = 0, killed: bool = False) -> str:
     return f"{mean:.1f} ± {std:.1f}" + (f" (n={int(n)})" if n < seeds else "")
 
 
-def _cells(table: pd.DataFrame, setting: str) -> list[str]:
+def table4_cells(table: pd.DataFrame, setting: str) -> list[str]:
+    """A setting's row of Table 4's columns as `seed_cell`s, its seeds counted against the table's most."""
     seeds = int(table[[f"{t}_n" for t in TABLE4_TASKS]].max().max()) if len(table) else 0
     return [
-        _cell(
+        seed_cell(
             table.loc[setting, f"{t}_mean"],
             table.loc[setting, f"{t}_std"],
             table.loc[setting, f"{t}_n"],
@@ -67,7 +68,7 @@ def write_tables(
         )
     csv_rows = []
     for setting in TABLE4_SETTINGS:
-        ours = _cells(table, setting)
+        ours = table4_cells(table, setting)
         theirs = [f"{v:.1f}" for v in published["rows"][setting]]
         lines.append("| " + " | ".join([setting] + ours + theirs) + " |")
         csv_rows.append(
@@ -87,7 +88,7 @@ def write_tables(
             " Each seed of a setting that pre-trains fine-tunes a pre-training of its own, so a cell's "
             "spread holds pre-training's as well as fine-tuning's (pretraining.md: every pre-training)."
         )
-    shown = " ".join(" ".join(_cells(table, s)) for s in TABLE4_SETTINGS)
+    shown = " ".join(" ".join(table4_cells(table, s)) for s in TABLE4_SETTINGS)
     if MISSING in shown:
         note += f" {MISSING} no run with results for this setting and task."
     if KILLED in shown:
@@ -120,7 +121,7 @@ def write_tables(
         "\\midrule",
     ]
     for setting in TABLE4_SETTINGS:
-        ours = [c.replace("±", "$\\pm$").replace(MISSING, "---") for c in _cells(table, setting)]
+        ours = [c.replace("±", "$\\pm$").replace(MISSING, "---") for c in table4_cells(table, setting)]
         tex.append(
             f"{setting.replace('_', chr(92) + '_')} & "
             + " & ".join(ours + [f"{v:.1f}" for v in published["rows"][setting]])
@@ -203,7 +204,7 @@ def probability_text(p: float) -> str:
 
 def write_fractions(fractions: pd.DataFrame, out: Path) -> None:
     """data_fractions.{md,csv}: full and no_pretrain fine-tuned on shares of each training set."""
-    fmt = lambda mean, std, n: _cell(mean, std, n)
+    fmt = lambda mean, std, n: seed_cell(mean, std, n)
     lines = [
         "# Pre-training's effect against fine-tuning data",
         "",
@@ -285,7 +286,7 @@ def write_q2ar(derived: pd.DataFrame, out: Path, kinds: pd.DataFrame | None = No
         "|---|---|",
     ]
     lines += [
-        f"| {s} | {_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |" for s, r in q2ar.iterrows()
+        f"| {s} | {seed_cell(r['mean'], r['std'], r['count'], int(q2ar['count'].max()))} |" for s, r in q2ar.iterrows()
     ]
     if kinds is not None and not kinds.empty:
         lines += ["", *kind_lines(kinds)]
@@ -317,7 +318,9 @@ def kind_lines(kinds: pd.DataFrame) -> list[str]:
             cells = (stats.loc[(setting, k)] if (setting, k) in stats.index else None for k in names)
             lines.append(
                 f"| {setting} | "
-                + " | ".join(MISSING if c is None else _cell(c["mean"], c["std"], c["count"], seeds) for c in cells)
+                + " | ".join(
+                    MISSING if c is None else seed_cell(c["mean"], c["std"], c["count"], seeds) for c in cells
+                )
                 + " |"
             )
     return lines

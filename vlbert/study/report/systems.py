@@ -20,7 +20,7 @@ import pandas as pd
 
 from ... import io
 from ...registry import FAMILIES, SETTINGS, TABLE4_TASKS, TASKS
-from .render import CONTROLS_LEGEND, INTERVAL_LEGEND, _cells, controls_lines, findings_lines
+from .render import CONTROLS_LEGEND, INTERVAL_LEGEND, controls_lines, findings_lines, table4_cells
 from .statistics import MISSING, compare, controls
 
 SYSTEM_FINDING_TEXT = {
@@ -92,7 +92,7 @@ def write_systems(
         total, trained = sizes.get(setting, (math.nan, math.nan))
         size_cells = [_value(total / 1e6), _value(trained / 1e6)]
         published = ["-" if v is None else f"{v:g}{mark}" for v in theirs]
-        ours = _cells(table, setting)
+        ours = table4_cells(table, setting)
         lines.append("| " + " | ".join([family.title, setting, *ours, *published, *size_cells]) + " |")
         csv_rows.append(
             {
