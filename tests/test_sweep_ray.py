@@ -176,23 +176,13 @@ def test_a_sweep_leaves_no_ray_process_and_no_temp_folder(ending, tmp_path, monk
     assert _gone(seen["left"]) and not Path(seen["folders"][0]).exists()
 
 
-def test_trials_run_at_the_priority_of_the_sweep():
-    # Ray's default starts workers at niceness 15: beside another study job a trial would starve.
-    import ray
-
-    from vlbert.study.sweep import local_ray
-
-    with local_ray(cpus=1):
-        assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == os.nice(0)
-
-
 HOLD_RAY = """
 import os, sys, time
 from vlbert.study.sweep import local_ray
 import ray
 with local_ray(cpus=1) as folder:
-    ray.get(ray.remote(lambda: os.getpid()).remote())
-    print(folder, flush=True)
+    worker_niceness = ray.get(ray.remote(lambda: os.nice(0)).remote())
+    print(folder, worker_niceness == os.nice(0), flush=True)
     time.sleep(300)
 """
 
@@ -201,8 +191,11 @@ def _held_ray():
     """A process holding a local Ray as a sweep does; its Ray's processes and temp folder."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     holder = subprocess.Popen([sys.executable, "-c", HOLD_RAY], stdout=subprocess.PIPE, text=True, env=env)
-    folder = Path(holder.stdout.readline().strip())
+    folder, same_priority = holder.stdout.readline().split()
+    folder = Path(folder)
     assert folder.is_dir(), "the holder did not start its Ray"
+    # Ray's default starts workers at niceness 15: beside another study job a trial would starve.
+    assert same_priority == "True", "Ray's worker runs at another priority than the sweep"
     return holder, _ray_processes(psutil.Process(holder.pid)), folder
 
 
