@@ -170,7 +170,8 @@ class StudyPreTrainedModel(PreTrainedModel):
         hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
         for name in AUTO_CLASS_ARGUMENTS:
             kwargs.pop(name, None)
-        dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+        dtype, torch_dtype = kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
+        dtype = dtype or torch_dtype
         dtype = None if dtype == "auto" else dtype  # the checkpoint's: the build's float32
         if Path(source).is_dir():
             check_checkpoint(source)

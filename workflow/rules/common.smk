@@ -33,7 +33,7 @@ DATA = config["data"].get("root", str(LAYOUT.data))
 # The feature stores every task reads (a fine-tuning job's inputs).
 TASK_STORE_NAMES = sorted({store.name for spec in TASKS.values() for store in spec.stores.values()})
 # The settings that fine-tune Table 4's tasks alone (their family's `table4_tasks_only`): their
-# sweeps and seeds are the rules of finetune.smk named `*_table4_tasks`.
+# sweeps and seeds are the rules of finetune.smk named `*_table4_tasks` (a rule's outputs are fixed).
 TABLE4_ONLY_SETTINGS = [name for name in SETTINGS if finetune_tasks(name) == TABLE4_TASKS]
 ALL_TASKS_SETTINGS = [name for name in SETTINGS if name not in TABLE4_ONLY_SETTINGS]
 

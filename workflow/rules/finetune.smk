@@ -22,7 +22,7 @@ rule sweep:
     params:
         preset=preset_file(),
         bert=bert_param,
-        tasks=" ".join(TASKS),
+        tasks=lambda wc: " ".join(finetune_tasks(wc.setting)),
         data=data_root,
         features=task_features_dir,
         out=lambda wc: str(LAYOUT.sweep(wc.setting)),
@@ -42,7 +42,7 @@ rule sweep:
 
 rule finetune_seeds:
     input:
-        best=[str(LAYOUT.sweep_best("{setting}", task)) for task in TASKS],
+        best=lambda wc: [str(LAYOUT.sweep_best(wc.setting, task)) for task in finetune_tasks(wc.setting)],
         pretrained=seeds_pretrained_input,
         bert=bert_input(),
         features=seeds_task_features,
@@ -57,7 +57,7 @@ rule finetune_seeds:
     params:
         preset=preset_file(),
         bert=bert_param,
-        tasks=" ".join(TASKS),
+        tasks=lambda wc: " ".join(finetune_tasks(wc.setting)),
         seeds=" ".join(str(s) for s in SEEDS),
         data=data_root,
         features=seeds_features_dirs,
@@ -79,44 +79,19 @@ rule finetune_seeds:
 
 
 # The same for the settings whose family fine-tunes Table 4's tasks alone (the systems table's
-# columns; registry.ModelFamily.table4_tasks_only).
+# columns; registry.ModelFamily.table4_tasks_only): their outputs are those tasks' alone.
 use rule sweep as sweep_table4_tasks with:
     output:
         [str(LAYOUT.sweep_best("{setting}", task)) for task in TABLE4_TASKS],
     wildcard_constraints:
         setting="|".join(TABLE4_ONLY_SETTINGS),
-    params:
-        preset=preset_file(),
-        bert=bert_param,
-        tasks=" ".join(TABLE4_TASKS),
-        data=data_root,
-        features=task_features_dir,
-        out=lambda wc: str(LAYOUT.sweep(wc.setting)),
-        device=DEVICE,
-        depends=setting_depends_on("finetune", "sweep", "training"),
 
 
 use rule finetune_seeds as finetune_seeds_table4_tasks with:
-    input:
-        best=[str(LAYOUT.sweep_best("{setting}", task)) for task in TABLE4_TASKS],
-        pretrained=seeds_pretrained_input,
-        bert=bert_input(),
-        features=seeds_task_features,
     output:
         [f"{LAYOUT.finetune_run('{setting}', task, seed)}/metrics.json" for task in TABLE4_TASKS for seed in SEEDS],
     wildcard_constraints:
         setting="|".join(TABLE4_ONLY_SETTINGS),
-    params:
-        preset=preset_file(),
-        bert=bert_param,
-        tasks=" ".join(TABLE4_TASKS),
-        seeds=" ".join(str(s) for s in SEEDS),
-        data=data_root,
-        features=seeds_features_dirs,
-        sweep=lambda wc, input: os.path.dirname(os.path.dirname(input.best[0])),
-        out=lambda wc: str(LAYOUT.finetune(wc.setting)),
-        device=DEVICE,
-        depends=setting_depends_on("finetune", "training", "sweep.seeds"),
 
 
 # Pre-training's effect against fine-tuning data (finetune.data_fractions): its settings fine-tuned
