@@ -26,14 +26,14 @@ from vlbert.detection.model import C4Backbone, C5Head, DetectorConfig
 from vlbert.modeling import (
     PixelBertConfig,
     PixelBertForPreTraining,
+    StudyProcessor,
     VLBertConfig,
     VLBertForPreTraining,
-    VLBertProcessor,
 )
 from vlbert.modeling.inputs import VisualInputs
-from vlbert.modeling.processing_vlbert import pad_batch
+from vlbert.modeling.processing_study import pad_batch
 
-# The mini preset's BERT; BERT's vocabulary, as VLBertProcessor.from_pretrained() encodes with it.
+# The mini preset's BERT; BERT's vocabulary, as StudyProcessor.from_pretrained() encodes with it.
 SIZE = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=256)
 
 
@@ -98,7 +98,7 @@ def main() -> None:
         c4 = backbone(pixels)["0"]
         head.layer4(c4).square().mean().backward()  # the whole map through C5, as Pixel-BERT runs it
 
-    processor = VLBertProcessor.from_pretrained()
+    processor = StudyProcessor.from_pretrained()
     encodings = pad_batch([processor.encode(" ".join(["word"] * (args.text - 2)), num_rois=args.rois)] * args.batch)
     mlm_labels = torch.full_like(encodings["input_ids"], -100)
     mlm_labels[:, 1 : args.text - 1 : 6] = 2773

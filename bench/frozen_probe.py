@@ -37,7 +37,7 @@ from vlbert.config import finetune_epochs, finetune_options, load_config
 from vlbert.data.synthetic.world import COLOURS as WORLD_COLOURS
 from vlbert.data.synthetic.world import SHAPES
 from vlbert.engine.build import build_model, load_processor
-from vlbert.modeling.configuration_vlbert import SEGMENT_IMAGE
+from vlbert.modeling.configuration_study import SEGMENT_IMAGE
 from vlbert.modeling.heads import candidate_logits, task_classifier, vqa_loss
 from vlbert.modeling.modeling_vlbert import VLBertForPreTraining
 from vlbert.registry import setting as setting_entry

@@ -29,14 +29,14 @@ from vlbert.detection.model import DetectorConfig, build_faster_rcnn
 from vlbert.modeling import (
     PixelBertConfig,
     PixelBertForPreTraining,
+    StudyProcessor,
     ViLBertConfig,
     ViLBertForPreTraining,
     VLBertConfig,
     VLBertForPreTraining,
-    VLBertProcessor,
 )
 from vlbert.modeling.inputs import VisualInputs
-from vlbert.modeling.processing_vlbert import pad_batch
+from vlbert.modeling.processing_study import pad_batch
 
 SIZE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512, vocab_size=30522)
 
@@ -75,7 +75,7 @@ def main() -> None:
     else:
         det_config = DetectorConfig(class_names=[str(i) for i in range(6)])
         detector = build_faster_rcnn(det_config).eval()
-    processor = VLBertProcessor.from_pretrained()
+    processor = StudyProcessor.from_pretrained()
     text = " ".join(["word"] * (args.text - 2))
     encodings = pad_batch([processor.encode(text, num_rois=args.rois)] * args.batch)
     length = encodings["input_ids"].shape[1]

@@ -33,11 +33,12 @@ from transformers import PreTrainedTokenizerFast
 
 from vlbert.data.conceptual_captions import read_captions
 from vlbert.data.images import load_image
-from vlbert.engine.grounding import WORD_KINDS, kind_vocabulary, mask_kind, recorded_attentions
+from vlbert.data.synthetic.world import COLOURS
+from vlbert.engine.grounding import kind_vocabulary, mask_kind, recorded_attentions
 from vlbert.modeling import PixelBertConfig, PixelBertForPreTraining
-from vlbert.modeling.configuration_vlbert import SEGMENT_IMAGE
+from vlbert.modeling.configuration_study import SEGMENT_IMAGE
 
-COLOUR_NAMES = list(WORD_KINDS["colour"])
+COLOUR_NAMES = list(COLOURS)  # the world's colour words
 COLOUR_WORD = re.compile(rf"\b({'|'.join(COLOUR_NAMES)})\b")
 
 

@@ -22,10 +22,10 @@ from vlbert import tasks
 from vlbert.config import load_config
 from vlbert.engine.build import load_processor
 from vlbert.layout import Layout
-from vlbert.modeling.processing_vlbert import VLBertProcessor
+from vlbert.modeling.processing_study import StudyProcessor
 
 
-class TokenizerEveryWord(VLBertProcessor):
+class TokenizerEveryWord(StudyProcessor):
     """The processor as it was before the memo: one tokenizer call per word, every time."""
 
     def _ids_of(self, text: str) -> tuple[int, ...]:

@@ -46,7 +46,8 @@ def _target(dotted: str):
 
 
 def test_there_are_copies_to_check():
-    assert len(list(_copies())) >= 4
+    # The pre-training head's output embeddings (heads.py), written once for every family.
+    assert len(list(_copies())) >= 2
 
 
 @pytest.mark.parametrize(("path", "number", "match"), list(_copies()))

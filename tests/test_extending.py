@@ -1,8 +1,9 @@
 """A model family defined here, as tests/test_tasks.py defines a task: its classes in this module
 (ModelFamily.module), one registry entry and its settings, then pre-training and a task.
 
-Toy-BERT is VL-BERT under names of its own: its config has its own model_type and its classes
-subclass VL-BERT's, so nothing beyond the names is written. A real family writes its models."""
+Toy-BERT is VL-BERT under names of its own: its config has its own model_type, its encoder and its
+readouts are VL-BERT's, and its pre-training and task models are the shared heads (heads.py's
+mixins) on it: no head is written here. A real family writes its encoder and its readouts."""
 
 import json
 
@@ -11,15 +12,9 @@ from conftest import study_args
 
 from vlbert import registry
 from vlbert.cli import main
-from vlbert.modeling import (
-    VLBertConfig,
-    VLBertForPreTraining,
-    VLBertForRefCOCO,
-    VLBertForVCR,
-    VLBertForVQA,
-    VLBertModel,
-    register_family,
-)
+from vlbert.modeling import VLBertConfig, VLBertForVQA, VLBertModel, register_family
+from vlbert.modeling.heads import PreTrainingHeadMixin, RefCOCOHeadMixin, VCRHeadMixin, VQAHeadMixin, masked_roi_loss
+from vlbert.modeling.modeling_vlbert import VLBertPreTrainedModel
 
 
 class ToyBertConfig(VLBertConfig):
@@ -29,24 +24,31 @@ class ToyBertConfig(VLBertConfig):
         super().__init__(**kwargs)
 
 
+class ToyBertPreTrainedModel(VLBertPreTrainedModel):
+    config_class = ToyBertConfig
+
+    def build_encoder(self, config):
+        return ToyBertModel(config, initialise=False)
+
+
 class ToyBertModel(VLBertModel):
     config_class = ToyBertConfig
 
 
-class ToyBertForPreTraining(VLBertForPreTraining):
-    config_class = ToyBertConfig
+class ToyBertForPreTraining(PreTrainingHeadMixin, ToyBertPreTrainedModel):
+    masked_region_loss = staticmethod(masked_roi_loss)  # its masked region objective: VL-BERT's
 
 
-class ToyBertForVQA(VLBertForVQA):
-    config_class = ToyBertConfig
+class ToyBertForVQA(VQAHeadMixin, ToyBertPreTrainedModel):
+    pass
 
 
-class ToyBertForVCR(VLBertForVCR):
-    config_class = ToyBertConfig
+class ToyBertForVCR(VCRHeadMixin, ToyBertPreTrainedModel):
+    pass
 
 
-class ToyBertForRefCOCO(VLBertForRefCOCO):
-    config_class = ToyBertConfig
+class ToyBertForRefCOCO(RefCOCOHeadMixin, ToyBertPreTrainedModel):
+    pass
 
 
 TOYBERT = registry.ModelFamily(
@@ -86,7 +88,7 @@ def test_a_family_defined_here_names_its_classes_in_its_own_module(toybert):
         registry.family_class("toybert", "VLBertForVQA")
 
 
-def test_a_family_defined_here_pretrains_and_fine_tunes_a_task(toybert, smoke_study, smoke_config, tmp_path):
+def test_a_family_defined_here_pretrains_and_fine_tunes_every_task(toybert, smoke_study, smoke_config, tmp_path):
     from transformers import AutoConfig, AutoModelForPreTraining
 
     from vlbert.engine.build import load_processor
@@ -107,10 +109,16 @@ def test_a_family_defined_here_pretrains_and_fine_tunes_a_task(toybert, smoke_st
     assert type(AutoConfig.from_pretrained(out / "best")) is ToyBertConfig
     assert type(AutoModelForPreTraining.from_pretrained(out / "best")) is ToyBertForPreTraining
 
-    run = tmp_path / "refcoco_det"
-    args = ["finetune", "--setting", "toybert", "--task", "refcoco_det", "--lr", "0.001", "--seed", "0"]
-    assert main([*args, "--out", str(run), "--pretrained", str(out / "best"), *study_args(smoke_study)]) == 0
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["setting"] == "toybert" and 0 <= metrics["val"]["accuracy"] <= 100
-    head = json.loads((run / "best" / "config.json").read_text())
-    assert head["model_type"] == "toybert" and head["architectures"] == ["ToyBertForRefCOCO"]
+    runs, tasks = tmp_path / "finetune", registry.finetune_tasks("toybert")
+    args = ["finetune", "--setting", "toybert", "--task", *tasks, "--lr", "0.001", "--seed", "0"]
+    assert main([*args, "--out", str(runs), "--pretrained", str(out / "best"), *study_args(smoke_study)]) == 0
+    for task in tasks:
+        run = runs / task / "seed0"
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert metrics["setting"] == "toybert" and 0 <= metrics["val"]["accuracy"] <= 100, task
+        head = json.loads((run / "best" / "config.json").read_text())
+        class_name = registry.model_class_name("toybert", task)
+        assert head["model_type"] == "toybert" and head["architectures"] == [class_name], task
+        assert (
+            type(registry.family_class("toybert", class_name).from_pretrained(run / "best").base_model) is ToyBertModel
+        )

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from vlbert.data.conceptual_captions import read_word_kinds
 from vlbert.engine.grounding import (
-    WORD_KINDS,
     attention_share,
     grounding_probe,
     kind_vocabulary,
@@ -15,6 +15,17 @@ from vlbert.engine.grounding import (
     probe_batches,
 )
 from vlbert.modeling.heads import IGNORE_INDEX
+
+GROUNDING_KINDS = ("colour", "shape", "size")  # the smoke world's, in name order
+SHAPES = ("circle", "square", "triangle", "diamond", "star", "cross", "circles", "squares", "crosses")
+
+
+@pytest.fixture(scope="module")
+def word_kinds(smoke_world):
+    """The smoke world's word kinds, as it writes them beside its captions."""
+    kinds = read_word_kinds(smoke_world / "conceptual_captions")
+    assert tuple(kinds) == GROUNDING_KINDS
+    return kinds
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +55,17 @@ def _clean(batch):
 def test_mask_kind_masks_every_word_of_the_kind_and_skips_those_of_several_tokens():
     vocabulary = {"circle": 11, "circles": 12, "square": 13}  # "crosses" is not one token here
     text, labels, skipped = mask_kind(
-        "two small red circles , a blue square and three crosses", WORD_KINDS["shape"], vocabulary, "[MASK]"
+        "two small red circles , a blue square and three crosses", SHAPES, vocabulary, "[MASK]"
     )
     assert text == "two small red [MASK] , a blue [MASK] and three crosses"
     assert labels == [12, 13] and skipped == 1
 
 
-def test_the_probe_masks_exactly_the_kinds_words(probe_inputs):
+def test_the_probe_masks_exactly_the_kinds_words(probe_inputs, word_kinds):
     processor, collate, examples = probe_inputs
     examples = examples[:8]
     original = _clean(collate(examples, torch.Generator().manual_seed(0)))
-    for kind, words in WORD_KINDS.items():
+    for kind, words in word_kinds.items():
         vocabulary = kind_vocabulary(processor.tokenizer, words)
         kind_ids = torch.tensor(sorted(set(vocabulary.values())))
         [(batch, _, skipped)] = probe_batches(processor, collate, examples, words, batch_size=len(examples))
@@ -69,19 +80,19 @@ def test_the_probe_masks_exactly_the_kinds_words(probe_inputs):
         assert torch.equal(batch["input_ids"][~chosen], original[~chosen])
 
 
-def test_a_model_blind_to_the_image_scores_the_same_with_another_image(probe_inputs, blind_model):
+def test_a_model_blind_to_the_image_scores_the_same_with_another_image(probe_inputs, blind_model, word_kinds):
     processor, collate, examples = probe_inputs
     # Another image, paired as validation pairs them: the same words, masks and layout, other regions;
     # so a model that cannot see the regions gives the same scores with either.
     blind_model.eval()
-    for own, other, _ in probe_batches(processor, collate, examples, WORD_KINDS["colour"], batch_size=8):
+    for own, other, _ in probe_batches(processor, collate, examples, word_kinds["colour"], batch_size=8):
         for key in ("input_ids", "mlm_labels", "attention_mask", "position_ids", "token_type_ids", "visual_index"):
             assert torch.equal(own[key], other[key]), key
         assert not torch.equal(own["visual"].features, other["visual"].features)
         with torch.no_grad():
             torch.testing.assert_close(blind_model(**own).mlm_logits, blind_model(**other).mlm_logits)
-    metrics = grounding_probe(blind_model, processor, collate, examples, batch_size=8)
-    for kind, words in WORD_KINDS.items():
+    metrics = grounding_probe(blind_model, processor, collate, examples, word_kinds, batch_size=8)
+    for kind, words in word_kinds.items():
         candidates = set(kind_vocabulary(processor.tokenizer, words).values())
         assert metrics[f"ground_{kind}_n"] > 0
         assert metrics[f"ground_{kind}_own"] == metrics[f"ground_{kind}_other"], kind
@@ -93,9 +104,9 @@ def test_a_model_blind_to_the_image_scores_the_same_with_another_image(probe_inp
     assert blind_model.vlbert.bert.config._attn_implementation == "sdpa"
 
 
-def test_attention_shares_lie_in_0_1_per_layer(probe_inputs, blind_model):
+def test_attention_shares_lie_in_0_1_per_layer(probe_inputs, blind_model, word_kinds):
     processor, collate, examples = probe_inputs
-    metrics = grounding_probe(blind_model, processor, collate, examples[:8], batch_size=4)
+    metrics = grounding_probe(blind_model, processor, collate, examples[:8], word_kinds, batch_size=4)
     layers = [metrics[f"attention_img_share_layer{i}"] for i in range(blind_model.config.num_hidden_layers)]
     assert f"attention_img_share_layer{len(layers)}" not in metrics
     assert all(0 <= share <= 1 for share in layers)
@@ -153,12 +164,13 @@ def test_pixel_bert_attention_share_maps_the_masked_words_through_the_text_slots
     torch.testing.assert_close(shares, torch.tensor([[(1 + 2 / 5) / 2], [(1 + 1 / 5) / 2]]))
 
 
-def test_pretraining_report_holds_the_grounding_table_and_figure(tmp_path):
+def test_pretraining_report_holds_the_grounding_table_and_figure_of_the_kinds_measured(tmp_path):
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     from vlbert.study.report import collect_runs, figure_grounding, write_pretraining
 
+    KINDS = ("colour", "texture")  # the report reads the kinds the runs measured, whichever they are
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("grounding")
@@ -174,7 +186,7 @@ def test_pretraining_report_holds_the_grounding_table_and_figure(tmp_path):
                 "val_attention_img_share": 0.3,
                 "val_attention_img_uniform": 0.25,
             }
-            for kind in WORD_KINDS:
+            for kind in KINDS:
                 values |= {
                     f"val_ground_{kind}_own": 50 + gain * epoch,
                     f"val_ground_{kind}_other": 50.0,
@@ -189,7 +201,7 @@ def test_pretraining_report_holds_the_grounding_table_and_figure(tmp_path):
     text = (tmp_path / "pretraining.md").read_text()
     for setting, gain in (("a", 10.0), ("b", 5.0)):
         section = text.split(f"### {setting}\n")[1].split("###")[0]
-        for kind in WORD_KINDS:
+        for kind in KINDS:
             assert f"| {kind} | {50 + 2 * gain:.1f} | 50.0 | {2 * gain:+.1f} | 14.3 | 40 |" in section
         assert "0.300, uniform 0.250; per layer: 0.200, 0.400." in section
     figure_grounding(uri, runs, tmp_path / "pretraining_grounding.png")

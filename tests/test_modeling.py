@@ -16,20 +16,20 @@ from vlbert.detection.model import CONFIG_FILE, load_detector
 from vlbert.detection.rules import BoxRule
 from vlbert.detection.sources import image_items
 from vlbert.modeling import (
+    StudyProcessor,
     VLBertConfig,
     VLBertForPreTraining,
     VLBertForRefCOCO,
     VLBertForVCR,
     VLBertForVQA,
-    VLBertProcessor,
 )
 from vlbert.modeling.inputs import VisualInputs
-from vlbert.modeling.processing_vlbert import Word, default_tokenizer_path, pad_batch
+from vlbert.modeling.processing_study import Word, default_tokenizer_path, pad_batch
 
 
 @pytest.fixture(scope="module")
 def processor():
-    return VLBertProcessor.from_pretrained()
+    return StudyProcessor.from_pretrained()
 
 
 @pytest.fixture(scope="module")
@@ -415,9 +415,9 @@ def test_the_whole_image_is_the_first_img_element_and_never_a_candidate_region(p
 def test_encodings_repeat_the_tokenizer_word_for_word_through_its_memo(monkeypatch):
     import pickle
 
-    from vlbert.modeling import processing_vlbert
+    from vlbert.modeling import processing_study
 
-    processor = VLBertProcessor.from_pretrained()
+    processor = StudyProcessor.from_pretrained()
     words = [Word("how"), Word("does"), Word("frisbee", roi=1), Word("feel"), Word("?")]
     first = processor.encode(words, "a dog's unaffable frisbee", num_rois=1)
     again = processor.encode(words, "a dog's unaffable frisbee", num_rois=1)
@@ -426,7 +426,7 @@ def test_encodings_repeat_the_tokenizer_word_for_word_through_its_memo(monkeypat
     assert first["input_ids"][1 : 1 + sum(map(len, expected))] == [i for ids in expected for i in ids]
     copy = pickle.loads(pickle.dumps(processor))  # a DataLoader worker or a Ray trial gets a copy
     assert copy.encode(words, "a dog's unaffable frisbee", num_rois=1) == first
-    monkeypatch.setattr(processing_vlbert, "_WORD_CACHE_SIZE", 3)
+    monkeypatch.setattr(processing_study, "_WORD_CACHE_SIZE", 3)
     for n in range(10):  # whole captions come as one text: the memo stays bounded
         processor.encode(f"caption number {n}")
     assert len(processor._word_ids) <= 3
@@ -452,12 +452,12 @@ def test_masked_roi_loss_is_soft_cross_entropy_on_the_detector_distribution():
 
 def test_a_wordpiece_vocabulary_of_the_world_keeps_its_words_whole_and_repeats(tmp_path):
     from vlbert.data.synthetic.world import COLOURS, SHAPES, SIZES
-    from vlbert.modeling.processing_vlbert import wordpiece_from_texts
+    from vlbert.modeling.processing_study import wordpiece_from_texts
 
     texts = [
         f"a {size} {colour} {shape} next to the {shape}s ." for size in SIZES for colour in COLOURS for shape in SHAPES
     ] * 3
-    processor = VLBertProcessor(wordpiece_from_texts(texts, 120))
+    processor = StudyProcessor(wordpiece_from_texts(texts, 120))
     assert len(processor.tokenizer) <= 120
     assert (
         wordpiece_from_texts(texts, 120).get_vocab() == processor.tokenizer.get_vocab()
@@ -485,9 +485,9 @@ def test_a_wordpiece_vocabulary_of_the_world_keeps_its_words_whole_and_repeats(t
         processor.tokenizer.unk_token_id,
     }
     assert processor.first_word_id == max(specials) + 1  # random words are never special
-    assert VLBertProcessor.from_pretrained().first_word_id == 999  # bert-base-uncased's first word
+    assert StudyProcessor.from_pretrained().first_word_id == 999  # bert-base-uncased's first word
     processor.save_pretrained(tmp_path)
-    again = VLBertProcessor.from_pretrained(tmp_path)
+    again = StudyProcessor.from_pretrained(tmp_path)
     assert again.tokenizer.get_vocab() == processor.tokenizer.get_vocab()
     assert again.encode("a small red star", num_rois=2) == processor.encode("a small red star", num_rois=2)
 

@@ -19,10 +19,10 @@ from vlbert.modeling import (
     PixelBertForVCR,
     PixelBertForVQA,
     PixelBertModel,
-    VLBertProcessor,
+    StudyProcessor,
 )
 from vlbert.modeling.inputs import VisualInputs
-from vlbert.modeling.processing_vlbert import pad_batch
+from vlbert.modeling.processing_study import pad_batch
 
 HEADS = (PixelBertForPreTraining, PixelBertForVQA, PixelBertForVCR, PixelBertForRefCOCO)
 TASK_HEADS = HEADS[1:]
@@ -32,7 +32,7 @@ BOXES = [[8.0, 8.0, 40.0, 40.0], [50.0, 20.0, 90.0, 60.0], [30.0, 50.0, 70.0, 90
 
 @pytest.fixture(scope="module")
 def processor():
-    return VLBertProcessor.from_pretrained()
+    return StudyProcessor.from_pretrained()
 
 
 @pytest.fixture(scope="module")
@@ -349,7 +349,7 @@ def test_reinitialise_draws_every_parameter_of_the_pixel_embedding_new(smoke_det
 
 
 def test_loading_bert_reports_only_the_cnn_pixel_and_head_parameters_as_new(smoke_detector):
-    from vlbert.modeling.processing_vlbert import default_tokenizer_path
+    from vlbert.modeling.processing_study import default_tokenizer_path
 
     bert = json.loads((default_tokenizer_path() / "config.json").read_text())
     sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")

@@ -8,24 +8,24 @@ from head_helpers import assert_reads_centred_candidates, reloaded_far_from_its_
 from test_modeling import make_config, regions, text_inputs, visual_inputs  # noqa: F401  (a fixture)
 
 from vlbert.modeling import (
+    StudyProcessor,
     ViLBertConfig,
     ViLBertForPreTraining,
     ViLBertForRefCOCO,
     ViLBertForVCR,
     ViLBertForVQA,
     ViLBertModel,
-    VLBertProcessor,
 )
 from vlbert.modeling.inputs import VisualInputs
 from vlbert.modeling.modeling_vilbert import masked_region_kl
-from vlbert.modeling.processing_vlbert import Word, default_tokenizer_path, pad_batch
+from vlbert.modeling.processing_study import Word, default_tokenizer_path, pad_batch
 
 HEADS = (ViLBertForPreTraining, ViLBertForVQA, ViLBertForVCR, ViLBertForRefCOCO)
 
 
 @pytest.fixture(scope="module")
 def processor():
-    return VLBertProcessor.from_pretrained()
+    return StudyProcessor.from_pretrained()
 
 
 def build(cls, smoke_detector, **overrides):

@@ -7,7 +7,7 @@ import pytest
 from conftest import FIXTURES
 
 from vlbert.data.coco import read_coco
-from vlbert.data.conceptual_captions import read_captions
+from vlbert.data.conceptual_captions import WORD_KINDS_FILE, read_captions, read_word_kinds
 from vlbert.data.errors import DataFormatError
 from vlbert.data.refcoco import SPLITS, RefCOCO
 from vlbert.data.safe_pickle import UnsafePickleError, load_plain_pickle
@@ -25,6 +25,31 @@ def test_generated_captions_read_back(smoke_world):
     for split in ("train", "val"):
         records = read_captions(smoke_world / "conceptual_captions" / f"{split}.tsv", check_images=True)
         assert len(records) == {"train": 120, "val": 20}[split]
+
+
+def test_generated_word_kinds_are_the_world_s_words(smoke_world):
+    """What pre-training's grounding probe masks comes from the captions' folder: the colours, shapes
+    (and their plurals) and sizes the world draws its captions from."""
+    from vlbert.data.synthetic.world import COLOURS, SHAPES, SIZES
+
+    kinds = read_word_kinds(smoke_world / "conceptual_captions")
+    assert kinds == {
+        "colour": tuple(COLOURS),
+        "shape": (*SHAPES, *(s + ("es" if s.endswith(("s", "x")) else "s") for s in SHAPES)),
+        "size": SIZES,
+    }
+    captions = " ".join(c.caption for c in read_captions(smoke_world / "conceptual_captions" / "val.tsv")).split()
+    assert all(any(word in captions for word in words) for words in kinds.values())
+
+
+def test_a_captions_folder_without_word_kinds_has_none_and_a_bad_file_names_its_key(tmp_path):
+    assert read_word_kinds(tmp_path) is None  # real Conceptual Captions: no grounding probe
+    (tmp_path / WORD_KINDS_FILE).write_text(json.dumps({"colour": ["red", "blue"], "shape": []}))
+    with pytest.raises(DataFormatError, match=r"word_kinds\.json \[shape\]: expected a non-empty list of words"):
+        read_word_kinds(tmp_path)
+    (tmp_path / WORD_KINDS_FILE).write_text('{"colour": ["red",')
+    with pytest.raises(DataFormatError, match=r"word_kinds\.json:1: not JSON"):
+        read_word_kinds(tmp_path)
 
 
 def test_generated_corpus_reads_back(smoke_world):

@@ -54,16 +54,21 @@ class LinearStage(Stage):
 
     select_metric = "score"
 
+    seed = 0
+
     def __init__(self, out):
         self.out = out
         self.preset = {"training": {"log_every": 1, "checkpoint_every": 100}}
         self.steps_trained, self.weights_by_epoch = 0, []
 
-    def setup(self):
-        torch.manual_seed(0)
-        self.model = Tiny(2)
+    def setup_data(self):
         self.options = {"lr": 0.1, "weight_decay": 0.0}
         self.epochs, self.batches_per_epoch, self.batch_size = 3, 3, 4
+
+    def setup_model(self):
+        self.model = Tiny(2)
+
+    def setup_optimizer(self):
         self.optimizer = build_optimizer(self.model, self.options)
         self.scheduler = build_scheduler(self.optimizer, self.options, 9, 3)
 
@@ -135,6 +140,22 @@ def test_run_stage_with_max_steps_gives_only_the_loop_s_speed(tmp_path):
     assert all(step <= 2 for step, _ in tracker.metrics)  # no final figures
 
 
+class ForgetfulStage(LinearStage):
+    def setup_data(self):
+        self.options = {"lr": 0.1, "weight_decay": 0.0}
+        self.epochs, self.batches_per_epoch = 3, 3  # no batch_size
+
+
+def test_a_stage_s_set_up_hooks_run_in_order_after_the_seed_and_each_sets_what_it_declares(tmp_path):
+    stage = LinearStage(tmp_path / "run")
+    stage.setup()
+    torch.manual_seed(stage.seed)
+    assert torch.equal(stage.model.linear.weight, Tiny(2).linear.weight)  # the model's draws follow the seed
+    assert stage.optimizer.param_groups[0]["params"][0] is stage.model.linear.weight
+    with pytest.raises(TypeError, match=r"ForgetfulStage.setup_data\(\) did not set batch_size"):
+        ForgetfulStage(tmp_path / "forgetful").setup()
+
+
 # ---- the stages ------------------------------------------------------------------------------
 
 
@@ -149,7 +170,7 @@ def test_the_head_input_statistics_are_the_training_rows_with_padding_left_out()
             self.classifier = torch.nn.Sequential(HeadInputStandardiser(3), torch.nn.Linear(3, 1))
 
         def forward(self, features, candidate):
-            # A row that is no candidate reaches the head as zeros (as roi_hidden pads a RefCOCO+ item).
+            # A row that is no candidate reaches the head as zeros (as region_states pads a RefCOCO+ item).
             return self.classifier(self.body(features) * candidate.unsqueeze(-1))
 
     torch.manual_seed(0)

@@ -357,6 +357,30 @@ def test_a_file_added_to_a_made_folder_is_kept_when_the_spec_changes(smoke_confi
     assert make_world(changed, tmp_path, datasets=["text_corpus"], progress=False) == ["text_corpus"]
 
 
+def test_a_folder_an_earlier_writer_made_is_remade_and_the_others_are_kept(smoke_config, tmp_path):
+    """A writer that writes more than it did (registry.WRITER_VERSIONS: Conceptual Captions' word
+    kinds) remakes the folders made before it, whose stamp lacks its version; the same files come
+    back, with its new one."""
+    import json
+
+    from vlbert.data.conceptual_captions import WORD_KINDS_FILE
+    from vlbert.data.synthetic import SPEC_STAMP
+    from vlbert.registry import WRITER_VERSIONS
+
+    spec = synthetic_spec(smoke_config)
+    datasets = ["conceptual_captions", "text_corpus"]
+    make_world(spec, tmp_path, datasets=datasets, progress=False)
+    stamp = tmp_path / "conceptual_captions" / SPEC_STAMP
+    made = json.loads(stamp.read_text())
+    assert made["writer_version"] == WRITER_VERSIONS["conceptual_captions"]
+    before = (tmp_path / "conceptual_captions/val.tsv").read_bytes()
+    stamp.write_text(json.dumps({k: v for k, v in made.items() if k != "writer_version"}, sort_keys=True))
+    (tmp_path / "conceptual_captions" / WORD_KINDS_FILE).unlink()  # as the writer before it left them
+    assert make_world(spec, tmp_path, datasets=datasets, progress=False) == ["conceptual_captions"]
+    assert (tmp_path / "conceptual_captions" / WORD_KINDS_FILE).is_file()
+    assert (tmp_path / "conceptual_captions/val.tsv").read_bytes() == before
+
+
 def test_what_make_data_wrote_before_manifests_and_its_partial_folders_are_remade(smoke_config, tmp_path):
     from vlbert.data.synthetic import SPEC_STAMP
     from vlbert.data.synthetic.ownership import MANIFEST, ForeignFileError

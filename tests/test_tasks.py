@@ -10,7 +10,7 @@ from conftest import study_args
 
 from vlbert import registry
 from vlbert.cli import main
-from vlbert.modeling.processing_vlbert import pad_batch
+from vlbert.modeling.processing_study import pad_batch
 from vlbert.tasks import build
 from vlbert.tasks.base import Task
 from vlbert.tasks.regions import open_store, regions_of

@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
     from vlbert.engine.finetune import predict
     from vlbert.modeling import VLBertConfig, VLBertForVCR
     from vlbert.modeling.pretrained import init_weights
-    from vlbert.modeling.processing_vlbert import default_tokenizer_path
+    from vlbert.modeling.processing_study import default_tokenizer_path
 
     root = tmp_path_factory.mktemp("vcr_leaderboard")
     make_world(synthetic_spec(load_config(PRESET)), root / "data", datasets=["vcr"], progress=False)

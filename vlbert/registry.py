@@ -262,6 +262,10 @@ DERIVED_TASKS = {"vcr_q2ar": DerivedTask("vcr_q2ar", parts=("vcr_q2a", "vcr_qa2r
 # The data sets: the detector's (COCO's layout, standing in for Visual Genome), pre-training's
 # captions and text corpus, and the tasks'.
 DATASETS = ("detector", "conceptual_captions", "text_corpus", "vqa", "vcr", "refcoco+")
+# A data set whose synthetic writer (vlbert.data.synthetic) writes more than it did when earlier
+# folders were made: its version, in the folder's stamp and in the DAG's make_data job, so that
+# both make the folder again. Conceptual Captions 2: the grounding probe's word kinds.
+WRITER_VERSIONS = {"conceptual_captions": 2}
 DETECTOR_SPLITS = ("train2017", "val2017")
 PRETRAINING_STORES = {s: Store("conceptual_captions", s, "det") for s in ("train", "val")}
 # Every store the study extracts: pre-training's, then each task's.

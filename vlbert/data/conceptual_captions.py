@@ -1,11 +1,16 @@
-"""Conceptual Captions reader: `caption TAB image` per line (image: a path or URL column)."""
+"""Conceptual Captions reader: `caption TAB image` per line (image: a path or URL column); and the
+word kinds of a captions folder (`word_kinds.json`), what pre-training's grounding probe masks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DataFormatError, require_file, require_nonempty, resolve_inside, text_lines
+from .errors import DataFormatError, read_text, require_file, require_nonempty, resolve_inside, text_lines
+
+# Beside the splits' TSVs: {kind: [word, ...]}, the words of each kind that only the image can tell
+# (the synthetic world's colours, shapes and sizes). Real Conceptual Captions has none: no probe.
+WORD_KINDS_FILE = "word_kinds.json"
 
 
 @dataclass(frozen=True)
@@ -35,3 +40,22 @@ def read_captions(tsv_path, image_root=None, check_images: bool = False) -> list
             raise FileNotFoundError(f"{tsv_path}:{line_no}: image not found: {path}")
         records.append(Caption(caption, path))
     return require_nonempty(records, tsv_path, "captions")
+
+
+def read_word_kinds(folder) -> dict[str, tuple[str, ...]] | None:
+    """The word kinds of a captions folder (WORD_KINDS_FILE), lower case; None without the file."""
+    import json
+
+    path = Path(folder) / WORD_KINDS_FILE
+    if not path.is_file():
+        return None
+    try:
+        kinds = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, f"not JSON: {exc.msg}", exc.lineno) from None
+    if not isinstance(kinds, dict) or not kinds:
+        raise DataFormatError(path, "expected an object of word kinds, {kind: [word, ...]}")
+    for kind, words in kinds.items():
+        if not (isinstance(words, list) and words and all(isinstance(w, str) and w.strip() for w in words)):
+            raise DataFormatError(path, "expected a non-empty list of words", key=kind)
+    return {kind: tuple(word.strip().lower() for word in words) for kind, words in kinds.items()}

@@ -18,7 +18,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 from ..data.conceptual_captions import read_captions
 from ..data.text_corpus import read_corpus
-from ..modeling.processing_vlbert import VLBertProcessor, wordpiece_from_texts
+from ..modeling.processing_study import StudyProcessor, wordpiece_from_texts
 from ..tasks.pretraining import CorpusDataset, TextOnlyCollator
 from .checkpoint import input_identity
 from .optim import build_optimizer, build_scheduler
@@ -56,13 +56,13 @@ def world_texts(data_root) -> list[str]:
     return texts
 
 
-def world_processor(preset: dict, data_root, processor: VLBertProcessor) -> VLBertProcessor:
+def world_processor(preset: dict, data_root, processor: StudyProcessor) -> StudyProcessor:
     """`processor`, or one with a WordPiece vocabulary of the world's language (`world_texts`)
     when the preset sets `model.wordpiece_vocab_size`."""
     size = preset["model"].get("wordpiece_vocab_size")
     if not size:
         return processor
-    return VLBertProcessor(wordpiece_from_texts(world_texts(data_root), size), processor.max_text_length)
+    return StudyProcessor(wordpiece_from_texts(world_texts(data_root), size), processor.max_text_length)
 
 
 def init_word_embeddings(model: BertForMaskedLM, std: float) -> None:
@@ -90,15 +90,22 @@ class BertInitStage(Stage):
 
     def __init__(self, preset: dict, data_root, out, processor):
         self.preset, self.data_root, self.out, self.processor = preset, data_root, Path(out), processor
+        self.seed = preset["seed"]
 
-    def setup(self) -> None:
-        model_options, self.options = self.preset["model"], self.preset["bert_init"]
-        self.seed = self.preset["seed"]
-        torch.manual_seed(self.seed)
-        self.processor = processor = world_processor(self.preset, self.data_root, self.processor)
+    def setup_data(self) -> None:
+        self.options = self.preset["bert_init"]
+        self.processor = world_processor(self.preset, self.data_root, self.processor)
         self.corpus_path = Path(self.data_root) / "text_corpus" / "corpus.txt"
+        self.corpus = CorpusDataset(self.corpus_path)
+        self.collate = TextOnlyCollator(self.processor)
+        self.batch_size = self.options["batch_size"]
+        self.batches_per_epoch = math.ceil(len(self.corpus) / self.batch_size)
+        self.epochs = int(self.options["epochs"])
+
+    def setup_model(self) -> None:
+        model_options = self.preset["model"]
         config = BertConfig(
-            vocab_size=len(processor.tokenizer),
+            vocab_size=len(self.processor.tokenizer),
             hidden_size=model_options["hidden_size"],
             num_hidden_layers=model_options["num_hidden_layers"],
             num_attention_heads=model_options["num_attention_heads"],
@@ -107,16 +114,15 @@ class BertInitStage(Stage):
             type_vocab_size=2,
             attn_implementation="sdpa",
         )
-        self.model = model = BertForMaskedLM(config)
+        self.model = BertForMaskedLM(config)
         if model_options.get("word_embedding_std"):
-            init_word_embeddings(model, float(model_options["word_embedding_std"]))
-        self.corpus = CorpusDataset(self.corpus_path)
-        self.collate = TextOnlyCollator(processor)
-        self.batch_size = self.options["batch_size"]
-        self.batches_per_epoch = batches = math.ceil(len(self.corpus) / self.batch_size)
-        self.epochs = int(self.options["epochs"])
-        self.optimizer = build_optimizer(model, self.options)
-        self.scheduler = build_scheduler(self.optimizer, self.options, self.epochs * batches, batches)
+            init_word_embeddings(self.model, float(model_options["word_embedding_std"]))
+
+    def setup_optimizer(self) -> None:
+        self.optimizer = build_optimizer(self.model, self.options)
+        self.scheduler = build_scheduler(
+            self.optimizer, self.options, self.epochs * self.batches_per_epoch, self.batches_per_epoch
+        )
 
     def params(self) -> dict:
         return {

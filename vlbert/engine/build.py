@@ -9,24 +9,24 @@ from pathlib import Path
 
 from ..data.images import load_image
 from ..detection.model import CONFIG_FILE as DETECTOR_CONFIG
-from ..modeling import VLBertConfig, VLBertProcessor
-from ..modeling.configuration_vlbert import END_TOKEN, IMG_TOKEN
-from ..modeling.processing_vlbert import default_tokenizer_path
+from ..modeling import StudyConfig, StudyProcessor
+from ..modeling.configuration_study import END_TOKEN, IMG_TOKEN
+from ..modeling.processing_study import default_tokenizer_path
 
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
-def load_processor(bert: str | Path | None, max_text_length: int) -> VLBertProcessor:
+def load_processor(bert: str | Path | None, max_text_length: int) -> StudyProcessor:
     """The BERT checkpoint's own tokenizer (a local folder or hub id); None: BERT's uncased WordPiece."""
     if bert is None:
-        return VLBertProcessor.from_pretrained(default_tokenizer_path(), max_text_length)
+        return StudyProcessor.from_pretrained(default_tokenizer_path(), max_text_length)
     if isinstance(bert, Path) and not bert.exists():
         raise FileNotFoundError(f"BERT checkpoint not found: {bert} (run `vlbert bert-init`, or set model.bert)")
-    return VLBertProcessor.from_pretrained(bert, max_text_length)
+    return StudyProcessor.from_pretrained(bert, max_text_length)
 
 
-def model_config(config_class, preset: dict, bert: str | Path, detector_dir, **overrides) -> VLBertConfig:
-    """A model family's config (VLBertConfig or a subclass): text sizes from the BERT checkpoint,
+def model_config(config_class, preset: dict, bert: str | Path, detector_dir, **overrides) -> StudyConfig:
+    """A model family's config (a StudyConfig subclass): text sizes from the BERT checkpoint,
     visual sizes from the detector, the family's own fields from the preset's `model.<family>`."""
     from transformers import BertConfig
 

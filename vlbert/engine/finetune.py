@@ -99,26 +99,39 @@ class FinetuneStage(Stage):
         self.setting, self.task_name, self.lr, self.seed = setting, task_name, lr, seed
         self.out, self.score_test, self.train_fraction = Path(out), score_test, train_fraction
 
-    def setup(self) -> None:
+    def setup_data(self) -> None:
         preset, inputs, setting = self.preset, self.context.inputs, self.setting
-        pretrained = inputs.pretrained
         if world_size() > 1 and is_main_process():
             print(f"data-parallel fine-tuning: {world_size()} processes")
-        torch.manual_seed(self.seed)
-        if setting.pretrains and pretrained is None:
+        if setting.pretrains and inputs.pretrained is None:
             raise ValueError(f"setting {setting.name!r} fine-tunes from its pre-trained checkpoint: give --pretrained")
         # A Fast R-CNN tuned in pre-training no longer matches the detector's features: such a setting
         # reads the stores its frozen copy made (`vlbert tune-features`), every other one the detector's.
         self.task = task = tasks.build(
             self.task_name, self.context.processor, inputs.data_root, inputs.features_dir, setting.family
         )
-        check_store_features(setting, task.store_paths(), pretrained, study_detector(preset, inputs.detector_dir))
+        check_store_features(
+            setting, task.store_paths(), inputs.pretrained, study_detector(preset, inputs.detector_dir)
+        )
         train, self.val = task.examples("train"), task.examples("val")
         full_train = len(train)
         if self.train_fraction < 1:
             train = [train[i] for i in training_subset(len(train), self.train_fraction)]
         self.train = train
         self.options = options = finetune_options(preset, self.task_name, setting.family)
+        self.batch_size = batch_size = options["batch_size"]
+        self.batches_per_epoch = batches = math.ceil(len(train) / batch_size)
+        # A fraction of the data gets the whole set's steps: more epochs over fewer examples.
+        self.epochs = epochs = max(
+            1, round(finetune_epochs(preset, self.task_name) * math.ceil(full_train / batch_size) / batches)
+        )
+        # ... and is validated as often as the whole set's run, at the same steps: a fraction's
+        # run would otherwise spend most of its time scoring val, and choose among more epochs.
+        self.validate_every = max(1, epochs // finetune_epochs(preset, self.task_name))
+
+    def setup_model(self) -> None:
+        inputs, setting, task, options = self.context.inputs, self.setting, self.task, self.options
+        pretrained = inputs.pretrained
         start = pretrained if setting.pretrains else inputs.bert
         overrides = {**task.model_overrides(), **head_overrides(options, start)}
         if FAMILIES[setting.family].reads_pixels and "cnn_trainable_layers" in options:
@@ -131,31 +144,26 @@ class FinetuneStage(Stage):
         else:
             model, _ = build_model(
                 task.model_class,
-                preset,
+                self.preset,
                 inputs.bert,
                 inputs.detector_dir,
                 **overrides,
-                appearance_mean=feature_mean(e["regions"] for e in train),
-                image_paths=(e["regions"].image_path for e in train),
+                appearance_mean=feature_mean(e["regions"] for e in self.train),
+                image_paths=(e["regions"].image_path for e in self.train),
             )
         self.model = model.to(self.device)
-        self.batch_size = batch_size = options["batch_size"]
-        self.batches_per_epoch = batches = math.ceil(len(train) / batch_size)
-        # A fraction of the data gets the whole set's steps: more epochs over fewer examples.
-        self.epochs = epochs = max(
-            1, round(finetune_epochs(preset, self.task_name) * math.ceil(full_train / batch_size) / batches)
-        )
-        # ... and is validated as often as the whole set's run, at the same steps: a fraction's
-        # run would otherwise spend most of its time scoring val, and choose among more epochs.
-        self.validate_every = max(1, epochs // finetune_epochs(preset, self.task_name))
-        self.optimizer = build_optimizer(model, options, self.lr)
-        # Step decay epochs scale with the schedule (0.5x epochs: decays at half the epochs too).
-        factor = epochs / options["epochs"]
-        scaled = {**options, "step_epochs": [max(1, round(e * factor)) for e in options.get("step_epochs", [])]}
-        self.scheduler = build_scheduler(self.optimizer, scaled, epochs * batches, batches)
         # Before the first step and again on a resume, where the checkpoint's copy of them replaces them.
-        statistics_batches = min(batches, math.ceil(HEAD_STATISTICS_ROWS / batch_size))
-        fit_head_standardisers(model, (self.make_batch(0, b) for b in range(statistics_batches)))
+        statistics_batches = min(self.batches_per_epoch, math.ceil(HEAD_STATISTICS_ROWS / self.batch_size))
+        fit_head_standardisers(self.model, (self.make_batch(0, b) for b in range(statistics_batches)))
+
+    def setup_optimizer(self) -> None:
+        options = self.options
+        self.optimizer = build_optimizer(self.model, options, self.lr)
+        # Step decay epochs scale with the schedule (0.5x epochs: decays at half the epochs too).
+        factor = self.epochs / options["epochs"]
+        scaled = {**options, "step_epochs": [max(1, round(e * factor)) for e in options.get("step_epochs", [])]}
+        batches = self.batches_per_epoch
+        self.scheduler = build_scheduler(self.optimizer, scaled, self.epochs * batches, batches)
 
     def params(self) -> dict:
         return {

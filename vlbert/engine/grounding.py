@@ -1,10 +1,11 @@
 """The grounding probe: do the masked words that only the image can tell come from the image?
 
-For each kind of word of the synthetic world (colour, shape, size), every word of that kind in a
-val caption is masked at once and predicted among the kind's words only, with the caption's own
-image and with another caption's (paired as validation pairs them). Masking the whole kind leaves
-no other mention to copy ("a red circle and a red square"), and choosing within the kind takes the
-grammar out of the guess: what is left is which colour, shape or size, which only the image tells.
+For each kind of word the captions' folder names (`word_kinds.json`: the synthetic world's
+colours, shapes and sizes), every word of that kind in a val caption is masked at once and
+predicted among the kind's words only, with the caption's own image and with another caption's
+(paired as validation pairs them). Masking the whole kind leaves no other mention to copy ("a red
+circle and a red square"), and choosing within the kind takes the grammar out of the guess: what
+is left is which colour, shape or size, which only the image tells.
 Own minus other is what the image adds, per kind.
 
 The probe also measures where the masked words look, in a single-stream encoder (one attention over
@@ -20,13 +21,10 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from ..data.synthetic.language import plural
-from ..data.synthetic.world import COLOURS, SHAPES, SIZES
 from ..modeling.heads import IGNORE_INDEX
 from .device import move_to
 from .mlm_validation import other_image_order
 
-WORD_KINDS = {"colour": tuple(COLOURS), "shape": SHAPES + tuple(plural(s) for s in SHAPES), "size": SIZES}
 MAX_EXAMPLES = 300
 
 
@@ -141,13 +139,19 @@ def probe_batches(
 
 @torch.inference_mode()
 def grounding_probe(
-    model, processor, collate, examples: list[dict], batch_size: int = 32, max_examples: int = MAX_EXAMPLES
+    model,
+    processor,
+    collate,
+    examples: list[dict],
+    word_kinds: dict[str, tuple[str, ...]],
+    batch_size: int = 32,
+    max_examples: int = MAX_EXAMPLES,
 ) -> dict:
-    """Per word kind: accuracy (%) among the kind's words with the own image and another's, their
-    gain, chance (%), the number of masked words and of words skipped (several tokens); and the
-    attention share of the masked words on the visual elements per layer (own image; single-stream
-    families), with its uniform baseline. `examples` are the val captions ("text", "regions"), in
-    validation's order."""
+    """Per word kind of `word_kinds` ({kind: words}, `read_word_kinds`): accuracy (%) among the
+    kind's words with the own image and another's, their gain, chance (%), the number of masked
+    words and of words skipped (several tokens); and the attention share of the masked words on
+    the visual elements per layer (own image; single-stream families), with its uniform baseline.
+    `examples` are the val captions ("text", "regions"), in validation's order."""
     model.eval()
     device = next(model.parameters()).device
     metrics, shares, uniform = {}, [], []
@@ -157,7 +161,7 @@ def grounding_probe(
     recording = recorded_attentions(base.bert) if single_stream else nullcontext([])
     encoding = recorded_outputs(base) if single_stream else nullcontext([])
     with recording as attentions, encoding as encoded:
-        for kind, words in WORD_KINDS.items():
+        for kind, words in word_kinds.items():
             candidates = torch.tensor(sorted(set(kind_vocabulary(processor.tokenizer, words).values())), device=device)
             if not len(candidates):
                 continue

@@ -19,7 +19,7 @@ MIN_STD = 1e-5
 def fit_head_standardisers(model: torch.nn.Module, batches: Iterable[dict]) -> int:
     """Set every HeadInputStandardiser of `model` from its inputs over `batches`; the rows seen
     (0: the model has none, and nothing runs). Rows of zeros are padding (a RefCOCO+ item's missing
-    RoIs, `roi_hidden`) and are left out."""
+    regions, `region_states`) and are left out."""
     standardisers = [module for module in model.modules() if isinstance(module, HeadInputStandardiser)]
     if not standardisers:
         return 0

@@ -8,8 +8,9 @@ relation prediction with 50% mismatched captions (c); the text-only corpus mixed
 Validation (mlm_validation.py) scores the masked words of the val captions with each caption's own
 image and with another's, on the same masks: the difference is how much the model reads the image
 at all.
-The grounding probe (vlbert.engine.grounding) does the same per word kind (colour, shape, size),
-and measures the masked words' attention on the image.
+The grounding probe (vlbert.engine.grounding) does the same per word kind the captions' folder
+names (the synthetic world's colour, shape and size), and measures the masked words' attention on
+the image.
 
 `PretrainStage` is the stage (stage.py); `pretrain` runs it.
 """
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from pathlib import Path
 
 import torch
 
 from ..config import pretrain_curriculum
+from ..data.conceptual_captions import WORD_KINDS_FILE, read_word_kinds
 from ..detection.identity import study_detector
 from ..registry import PRETRAINING_STORES, family_class
 from ..tasks.pretraining import (
@@ -37,6 +40,7 @@ from ..tasks.regions import feature_mean, features_path, open_store
 from .build import build_model
 from .checkpoint import dataset_digest, input_identity
 from .context import TrainingContext
+from .distributed import is_main_process
 from .grounding import grounding_probe
 from .mlm_validation import validation_batches, visual_clue_accuracy
 from .optim import build_optimizer, build_scheduler
@@ -65,13 +69,11 @@ class PretrainStage(Stage):
         # Another seed than the preset's: a fine-tuning seed's own pre-training (pretrain.per_seed).
         self.seed = context.preset["seed"] if seed is None else seed
 
-    def setup(self) -> None:
+    def setup_data(self) -> None:
         preset, processor, setting = self.preset, self.context.processor, self.setting
-        bert, detector_dir = self.context.inputs.bert, self.context.inputs.detector_dir
-        seed, options = self.seed, preset["pretrain"]
-        self.options = options
+        detector_dir = self.context.inputs.detector_dir
+        self.options = options = preset["pretrain"]
         self.precision = options.get("precision")
-        torch.manual_seed(seed)
         data_root, features_dir = Path(self.context.inputs.data_root), Path(self.context.inputs.features_dir)
         max_rois = preset.get("model", {}).get("max_rois")
         train_store, val_store = PRETRAINING_STORES["train"], PRETRAINING_STORES["val"]
@@ -82,11 +84,40 @@ class PretrainStage(Stage):
             data_root / "conceptual_captions", train_store.split, open_store(features_dir, train_store), max_rois
         )
         self.curriculum = pretrain_curriculum(preset, setting.name)  # its settings checked before the build
+        val = CaptionDataset(
+            data_root / "conceptual_captions", val_store.split, open_store(features_dir, val_store), max_rois
+        )
+        self.corpus = CorpusDataset(data_root / "text_corpus" / "corpus.txt") if setting.text_corpus else None
+        # The grounding probe's words (None: the captions name none, and no probe runs).
+        self.word_kinds = read_word_kinds(data_root / "conceptual_captions")
+        if self.word_kinds is None and is_main_process():
+            print(f"no {WORD_KINDS_FILE} in {data_root / 'conceptual_captions'}: no grounding probe", file=sys.stderr)
+        if self.curriculum is not None:
+            # Images with one object (or few): there a masked colour or shape word has one answer.
+            most = self.curriculum["max_objects"]
+            min_score = self.curriculum.get("min_score", CURRICULUM_MIN_SCORE)
+            objects = [detected_objects(captions[i]["regions"], min_score) for i in range(len(captions))]
+            self.few_object = [i for i, count in enumerate(objects) if count <= most]
+            if not self.few_object:
+                raise ValueError(f"pretrain.curriculum: no training caption's image has at most {most} objects")
+        self.collate, self.text_collate = PretrainCollator(processor, setting, captions), TextOnlyCollator(processor)
+        self.batch_size = batch_size = options["batch_size"]
+        self.batches_per_epoch = math.ceil(len(captions) / batch_size)
+        self.epochs = int(options["epochs"])
+        # Validation masks are fixed: the same words masked after every epoch and in every setting,
+        # scored with each caption's own image and with another's.
+        val_setting = dataclasses.replace(setting, masked_roi=False, sentence_image=False)
+        self.own_batches, self.other_batches = validation_batches(
+            val, PretrainCollator(processor, val_setting, val), self.seed, batch_size
+        )
+
+    def setup_model(self) -> None:
+        setting, captions, options = self.setting, self.captions, self.options
         model, self.report = build_model(
             family_class(setting.model_family, setting.model_family.pretraining_class),
-            preset,
-            bert,
-            detector_dir,
+            self.preset,
+            self.context.inputs.bert,
+            self.context.inputs.detector_dir,
             tune_frcnn=setting.tune_frcnn,
             **setting.pretraining_overrides,
             appearance_mean=feature_mean(captions[i]["regions"] for i in range(len(captions))),
@@ -100,29 +131,11 @@ class PretrainStage(Stage):
                 f"model.{setting.family}.pixel_sampling_warmup_epochs ({self.sampling_warmup}) must be under "
                 f"pretrain.epochs ({options['epochs']}): {setting.name} would never sample its pixels"
             )
-        val = CaptionDataset(
-            data_root / "conceptual_captions", val_store.split, open_store(features_dir, val_store), max_rois
-        )
-        self.corpus = CorpusDataset(data_root / "text_corpus" / "corpus.txt") if setting.text_corpus else None
-        if self.curriculum is not None:
-            # Images with one object (or few): there a masked colour or shape word has one answer.
-            most = self.curriculum["max_objects"]
-            min_score = self.curriculum.get("min_score", CURRICULUM_MIN_SCORE)
-            objects = [detected_objects(captions[i]["regions"], min_score) for i in range(len(captions))]
-            self.few_object = [i for i, count in enumerate(objects) if count <= most]
-            if not self.few_object:
-                raise ValueError(f"pretrain.curriculum: no training caption's image has at most {most} objects")
-        self.collate, self.text_collate = PretrainCollator(processor, setting, captions), TextOnlyCollator(processor)
-        self.batch_size = batch_size = options["batch_size"]
-        self.batches_per_epoch = batches = math.ceil(len(captions) / batch_size)
-        self.epochs = epochs = int(options["epochs"])
-        self.optimizer = build_optimizer(model, options)
-        self.scheduler = build_scheduler(self.optimizer, options, epochs * batches, batches)
-        # Validation masks are fixed: the same words masked after every epoch and in every setting,
-        # scored with each caption's own image and with another's.
-        val_setting = dataclasses.replace(setting, masked_roi=False, sentence_image=False)
-        self.own_batches, self.other_batches = validation_batches(
-            val, PretrainCollator(processor, val_setting, val), seed, batch_size
+
+    def setup_optimizer(self) -> None:
+        self.optimizer = build_optimizer(self.model, self.options)
+        self.scheduler = build_scheduler(
+            self.optimizer, self.options, self.epochs * self.batches_per_epoch, self.batches_per_epoch
         )
 
     def params(self) -> dict:
@@ -171,11 +184,11 @@ class PretrainStage(Stage):
 
     def validate(self, model):
         # Per word kind, with the own image and another's: the learning curve of grounding.
-        own = self.own_batches
-        return {
-            **visual_clue_accuracy(model, own, self.other_batches),
-            **grounding_probe(model, self.context.processor, own.collate, own.examples, self.batch_size),
-        }
+        own, processor = self.own_batches, self.context.processor
+        metrics = visual_clue_accuracy(model, own, self.other_batches)
+        if self.word_kinds:
+            metrics |= grounding_probe(model, processor, own.collate, own.examples, self.word_kinds, self.batch_size)
+        return metrics
 
     def datasets(self):
         # The captions' feature stores (their content's digest names them) and the text corpus.

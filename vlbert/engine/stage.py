@@ -1,12 +1,12 @@
 """Training stages as objects, and the one runner that trains them (as Lightning separates a
 LightningModule from its Trainer).
 
-A `Stage` says what is trained and on what: it builds its model, data, optimiser and scheduler
-(`setup`), gives batch b of epoch e (`make_batch`), the loss of a batch with its named parts
-(`training_step`), the validation metrics after an epoch (`validate`), what the run is made from
-(`identity`: what its checkpoint records beside the weights, optimiser, scheduler, RNG and
-position, so that only the same run resumes it), what the tracker records of its set-up
-(`params`) and what it leaves when the training is done (`result`). The stages: BERT init
+A `Stage` says what is trained and on what: it builds its data and schedule, its model, then its
+optimiser and scheduler (`setup`'s three hooks), gives batch b of epoch e (`make_batch`), the loss
+of a batch with its named parts (`training_step`), the validation metrics after an epoch
+(`validate`), what the run is made from (`identity`: what its checkpoint records beside the
+weights, optimiser, scheduler, RNG and position, so that only the same run resumes it), what the
+tracker records of its set-up (`params`) and what it leaves when the training is done (`result`). The stages: BERT init
 (bert_init.py), pre-training (pretrain.py), fine-tuning of any task family through its task
 adapter (finetune.py).
 
@@ -29,12 +29,15 @@ from .loop import LoopConfig, LoopState, LoopSteps, TrainingLoop, loading_option
 
 
 class Stage:
-    """One training stage. `setup()` seeds the stage's randomness and builds, in this order as
-    each stage always has, what the runner reads from it then:
+    """One training stage. `setup()` seeds the stage's randomness (`seed`), then calls its three
+    hooks in this order, as each stage always has built; each sets what the runner reads from it:
 
-    - `model`, `optimizer`, `scheduler`: what trains (the model on `device`);
-    - `epochs`, `batches_per_epoch`, `batch_size`: the schedule;
-    - `validate_every`: epochs between validations (the last epoch is always validated).
+    - `setup_data()`: the data and the schedule, `epochs`, `batches_per_epoch`, `batch_size`, and
+      `validate_every` (epochs between validations; the last epoch is always validated). It draws
+      nothing from the global RNG (a batch's randomness is its own, `make_batch`);
+    - `setup_model()`: `model`, on `device`, ready for its first step. The model's initial draws
+      follow the seed;
+    - `setup_optimizer()`: `optimizer` and `scheduler`.
 
     It may set `precision` (fp32, bf16, fp16), its own autocast over the preset's `training.precision`.
 
@@ -44,6 +47,7 @@ class Stage:
 
     preset: dict
     out: Path
+    seed: int
     device: str = "cpu"
     select_metric: str | None = None
     validates: bool = True
@@ -58,7 +62,28 @@ class Stage:
     validate_every: int = 1
     precision: str | None = None  # autocast of the training steps; None: the preset's training.precision
 
+    # Each hook, and what it must have set when it returns.
+    SETUP_HOOKS = (
+        ("setup_data", ("epochs", "batches_per_epoch", "batch_size")),
+        ("setup_model", ("model",)),
+        ("setup_optimizer", ("optimizer", "scheduler")),
+    )
+
     def setup(self) -> None:
+        torch.manual_seed(self.seed)
+        for hook, sets in self.SETUP_HOOKS:
+            getattr(self, hook)()
+            missing = [name for name in sets if name not in vars(self)]
+            if missing:
+                raise TypeError(f"{type(self).__name__}.{hook}() did not set {', '.join(missing)}")
+
+    def setup_data(self) -> None:
+        raise NotImplementedError
+
+    def setup_model(self) -> None:
+        raise NotImplementedError
+
+    def setup_optimizer(self) -> None:
         raise NotImplementedError
 
     def params(self) -> dict:

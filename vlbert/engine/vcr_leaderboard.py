@@ -24,7 +24,6 @@ from ..evaluation.vcr_eval import (
     vcr_accuracy,
     write_leaderboard_csv,
 )
-from ..modeling import VLBertForVCR
 from ..registry import setting as setting_named
 from ..tasks.regions import features_path
 from .context import TrainingContext
@@ -89,7 +88,7 @@ def write_vcr_submission(context: TrainingContext, q2a_run, qa2r_run, split: str
     inputs = context.inputs
     q2a, qa2r = run_metrics(q2a_run, "vcr_q2a"), run_metrics(qa2r_run, "vcr_qa2r")
     chosen = setting_named(qa2r["setting"])
-    task = tasks.build("vcr_qa2r", context.processor, inputs.data_root, inputs.features_dir)
+    task = tasks.build("vcr_qa2r", context.processor, inputs.data_root, inputs.features_dir, chosen.family)
     check_store_features(
         chosen,
         [features_path(inputs.features_dir, task.spec.stores[split])],
@@ -100,7 +99,7 @@ def write_vcr_submission(context: TrainingContext, q2a_run, qa2r_run, split: str
     annot_ids = [e.annot_id for e in examples]
     answer_probs = answer_probs_of_run(q2a_run, split, annot_ids)
 
-    model = VLBertForVCR.from_pretrained(Path(qa2r_run) / "best").to(context.device)
+    model = task.model_class.from_pretrained(Path(qa2r_run) / "best").to(context.device)
     batch_size = finetune_options(context.preset, task.name)["batch_size"]
     rationale_probs = rationale_probs_after_each_answer(model, task, split, batch_size)
     write_leaderboard_csv(out, annot_ids, answer_probs, rationale_probs)

@@ -1,7 +1,10 @@
-"""The model families: VL-BERT (configuration, Fast R-CNN module, the single-stream model and its
-heads, the processor), ViLBERT (two streams) and Pixel-BERT (pixels into one stream), each in its
-configuration_* and modeling_* files; what they share in modules of its own: pretrained.py (the
-base class: init, BERT loading, checkpoints), inputs.py (VisualInputs), heads.py (heads, losses).
+"""The model families: VL-BERT (a single stream over words and regions, its Fast R-CNN module),
+ViLBERT (two streams) and Pixel-BERT (pixels into one stream), each in its configuration_* and
+modeling_* files (its config, encoder, pre-training model, the readouts the task heads take, and
+its task models); what they share in modules of its own: configuration_study.py (the config base),
+processing_study.py (the input layout every family reads), pretrained.py (the base class: init,
+BERT loading, checkpoints, the readouts' contract), inputs.py (VisualInputs), heads.py (the task
+heads of VQA, VCR and RefCOCO+, written once; losses; outputs).
 
 Importing this package puts every family of `vlbert.registry.FAMILIES` on transformers' Auto
 classes (`register_family`): after `import vlbert.modeling`, AutoConfig, AutoModel and
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from ..registry import FAMILIES, ModelFamily, family_class
 from .configuration_pixelbert import PixelBertConfig
+from .configuration_study import StudyConfig
 from .configuration_vilbert import ViLBertConfig
 from .configuration_vlbert import VLBertConfig
 from .fast_rcnn import FastRCNN
@@ -27,7 +31,7 @@ from .modeling_pixelbert import (
 )
 from .modeling_vilbert import ViLBertForPreTraining, ViLBertForRefCOCO, ViLBertForVCR, ViLBertForVQA, ViLBertModel
 from .modeling_vlbert import VLBertForPreTraining, VLBertForRefCOCO, VLBertForVCR, VLBertForVQA, VLBertModel
-from .processing_vlbert import VLBertProcessor
+from .processing_study import StudyProcessor
 
 
 def register_family(family: ModelFamily | str) -> None:
@@ -58,13 +62,14 @@ __all__ = [
     "PixelBertForVCR",
     "PixelBertForVQA",
     "PixelBertModel",
+    "StudyConfig",
+    "StudyProcessor",
     "VLBertConfig",
     "VLBertForPreTraining",
     "VLBertForRefCOCO",
     "VLBertForVCR",
     "VLBertForVQA",
     "VLBertModel",
-    "VLBertProcessor",
     "ViLBertConfig",
     "ViLBertForPreTraining",
     "ViLBertForRefCOCO",

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from .configuration_vlbert import VLBertConfig
+from .configuration_study import StudyConfig
 
 CNNS = ("detector", "resnet50")
 # The paper's image sizes for ResNet-50 (shorter side, longer side at most).
 RESNET_IMAGE_SIZES = (800, 1333)
 
 
-class PixelBertConfig(VLBertConfig):
+class PixelBertConfig(StudyConfig):
     """
-    VLBertConfig's fields keep their meaning where Pixel-BERT has them: the BERT sizes, `frcnn`
+    StudyConfig's fields keep their meaning where Pixel-BERT has them: the BERT sizes, `frcnn`
     (the trained detector, whose trunk is the CNN when cnn="detector"), `num_answers`, and
     `img_token_id` / `end_token_id` (the elements of VL-BERT's input layout that Pixel-BERT drops).
     The region fields (visual_feature_dim, geometry_wavelengths, num_visual_classes,

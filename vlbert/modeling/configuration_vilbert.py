@@ -1,14 +1,14 @@
-"""ViLBERT configuration: VL-BERT's fields (the study's builder fills them the same way) plus the
-visual stream and where the co-attention layers sit."""
+"""ViLBERT configuration: the study's fields (`StudyConfig`, filled by the builder as for every
+family) plus the visual stream and where the co-attention layers sit."""
 
 from __future__ import annotations
 
 from itertools import pairwise
 
-from .configuration_vlbert import VLBertConfig
+from .configuration_study import StudyConfig
 
 
-class ViLBertConfig(VLBertConfig):
+class ViLBertConfig(StudyConfig):
     """
     num_visual_layers: transformer layers of the visual stream. Its width is the text stream's
         (VOLTA's controlled setting): the two streams then differ from VL-BERT's single one in
@@ -19,7 +19,7 @@ class ViLBertConfig(VLBertConfig):
         `t_biattention_id` / `v_biattention_id` say. Empty: one co-attention before each of the
         last `num_visual_layers` text layers and before each visual layer, as the released
         ViLBERT interleaves 6 co-attention layers with the last 6 of BERT's 12.
-    tag_coattention_mask (VLBertConfig's field, read here alone): in each co-attention layer a
+    tag_coattention_mask (StudyConfig's field, read here alone): in each co-attention layer a
         word that names an object (VCR's tags: its `visual_index` is the object's region row)
         attends to that region with TAG_COATTENTION_BIAS added to its score, as the released
         code's `co_attention_mask` (its `use_co_attention_mask`; off in its released configs,

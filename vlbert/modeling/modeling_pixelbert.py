@@ -1,7 +1,7 @@
 """Pixel-BERT (Huang et al. 2020): a single-stream BERT over words and the cells of a CNN's map.
 
 Input: `[CLS] sentence A [SEP] (sentence B [SEP]) v_1 ... v_k`. The batch is VL-BERT's
-(processing_vlbert's layout, the heads' arguments): the [IMG] / [END] elements are dropped, the
+(processing_study's layout, the heads' arguments): the [IMG] / [END] elements are dropped, the
 words moved to the front of each row in their order, and the pixel tokens of the image appended
 after them. Words embed as in BERT (token + segment + position). A pixel token is a cell of the
 CNN's C5 map through a 3x3 conv to the hidden width, a 2x2 max-pool where the map is large
@@ -17,8 +17,9 @@ Pre-training: masked language modelling and image-text matching on [CLS], with r
 sampling (a fresh random subset of each image's pixel tokens each step, `pixel_samples`); the
 task heads always see every pixel token, as the paper fine-tunes and infers.
 
-Reading order: the CNN, the pixel embeddings, `PixelBertPreTrainedModel` (the builder's hooks),
-`PixelBertModel`, then one class per head. Weight init, BERT loading and checkpoints are every
+Reading order: the CNN, the pixel embeddings, `PixelBertPreTrainedModel` (the builder's hooks and
+the readouts the task heads take), `PixelBertModel`, the pre-training model, then the task models:
+heads.py's heads on Pixel-BERT's readouts. Weight init, BERT loading and checkpoints are every
 family's (`StudyPreTrainedModel`, pretrained.py), as are `VisualInputs` (inputs.py) and the heads
 and losses (heads.py): nothing is imported from VL-BERT's modeling module. The classes are
 transformers `PreTrainedModel`s, on AutoConfig / AutoModel / AutoModelForPreTraining as VL-BERT's.
@@ -27,7 +28,6 @@ transformers `PreTrainedModel`s, on AutoConfig / AutoModel / AutoModelForPreTrai
 from __future__ import annotations
 
 import itertools
-import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,23 +40,12 @@ from torch import nn
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import roi_align
 from transformers import BertModel
-from transformers.models.bert.modeling_bert import BertOnlyMLMHead
 
 from ..detection.model import WEIGHTS_FILE, C4Backbone, C5Head, DetectorConfig
 from .configuration_pixelbert import PixelBertConfig
-from .configuration_vlbert import SEGMENT_IMAGE
+from .configuration_study import SEGMENT_IMAGE
 from .fast_rcnn import IMAGE_MEAN, IMAGE_STD
-from .heads import (
-    IGNORE_INDEX,
-    VLBertPreTrainingOutput,
-    VLBertTaskOutput,
-    candidate_logits,
-    centre_regions,
-    referring_loss,
-    relation_loss,
-    task_classifier,
-    vqa_loss,
-)
+from .heads import IGNORE_INDEX, PreTrainingHeadMixin, RefCOCOHeadMixin, VCRHeadMixin, VQAHeadMixin
 from .inputs import VisualInputs
 from .pretrained import StudyPreTrainedModel
 
@@ -381,6 +370,41 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
         """Nothing to do: Pixel-BERT has no region appearance features to centre (VL-BERT centres
         its regions' on the training images' mean); `fit_pixel_statistics` is its counterpart."""
 
+    # ---- what the heads read (StudyPreTrainedModel's readouts) ---------------------------------
+
+    def build_encoder(self, config: PixelBertConfig) -> PixelBertModel:
+        return PixelBertModel(config, initialise=False)
+
+    def word_states(self, out: PixelBertModelOutput, mlm_labels: torch.Tensor | None) -> tuple:
+        """The text slots' states, and the labels (given per input column) read through the slots'
+        columns: [B, T] each, padding slots IGNORE_INDEX."""
+        if mlm_labels is None:
+            return out.text_hidden, None
+        return out.text_hidden, mlm_labels.gather(1, out.text_index).masked_fill(~out.text_mask, IGNORE_INDEX)
+
+    def relation_state(self, out: PixelBertModelOutput) -> torch.Tensor:
+        """[B, H]: [CLS]."""
+        return out.last_hidden_state[:, 0]
+
+    def answer_state(self, out: PixelBertModelOutput, answer_positions: torch.Tensor | None) -> torch.Tensor:
+        """[B, H]: [CLS] (the paper's VQA reads it, not the answer slot)."""
+        return out.last_hidden_state[:, 0]
+
+    def candidate_state(self, out: PixelBertModelOutput) -> torch.Tensor:
+        return out.last_hidden_state[:, 0]
+
+    def region_states(
+        self, out: PixelBertModelOutput, visual: VisualInputs, roi_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """[B, R, H]: each box of `visual.boxes` (image pixels) as RoIAlign over the final layer's
+        pixel-token map, averaged to one vector."""
+        pixel_map = out.pixel_map()
+        # Image pixels -> map cells: the transform's resize, then the stride.
+        boxes = visual.boxes.to(pixel_map.dtype) * out.pixels.box_scale.to(pixel_map.dtype).repeat(1, 2).unsqueeze(1)
+        # aligned: cell i covers [i, i + 1) on the map, its centre at i + 0.5, as box corners need.
+        pooled = roi_align(pixel_map, list(boxes), ROI_SIZE, spatial_scale=1.0, sampling_ratio=2, aligned=True)
+        return pooled.mean((2, 3)).view(*boxes.shape[:2], -1)
+
     @torch.no_grad()
     def fit_pixel_statistics(self, images: Iterable[torch.Tensor]) -> None:
         """With `pixel_standardise` or `pixel_whiten`: the C5 map's statistics over the on-image
@@ -538,178 +562,29 @@ class PixelBertModel(PixelBertPreTrainedModel):
         return PixelBertModelOutput(output.last_hidden_state, text_index, text_mask, pixels)
 
 
-class PixelBertForPreTraining(PixelBertPreTrainedModel):
+# The pre-training and task models: the shared heads (heads.py) on Pixel-BERT's readouts.
+
+
+class PixelBertForPreTraining(PreTrainingHeadMixin, PixelBertPreTrainedModel):
     """Masked language modelling with the image's pixels, and image-text matching on [CLS]. No
     masked visual modelling: the paper samples pixels instead (`config.pixel_samples`)."""
 
-    # Adapted from transformers.models.bert.modeling_bert.BertForPreTraining._tied_weights_keys,
-    # as VLBertForPreTraining: the decoder is the word embedding matrix, its bias the head's.
-    _tied_weights_keys = {
-        "mlm.predictions.decoder.weight": "pixelbert.bert.embeddings.word_embeddings.weight",
-        "mlm.predictions.bias": "mlm.predictions.decoder.bias",
-    }
-
-    def __init__(self, config: PixelBertConfig):
-        super().__init__(config)
-        self.pixelbert = PixelBertModel(config, initialise=False)
-        self.mlm = BertOnlyMLMHead(config)
-        self.relation_head = nn.Linear(config.hidden_size, 1)
-        self.post_init()
-
-    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.get_output_embeddings with cls->mlm
-    def get_output_embeddings(self):
-        return self.mlm.predictions.decoder
-
-    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.set_output_embeddings with cls->mlm
-    def set_output_embeddings(self, new_embeddings):
-        self.mlm.predictions.decoder = new_embeddings
-        self.mlm.predictions.bias = new_embeddings.bias
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index=None,
-        visual=None,
-        text_only=None,
-        mlm_labels=None,
-        relation_labels=None,
-        pixel_samples: int | None = None,
-        **_,
-    ):
-        """As VLBertForPreTraining's (roi_positions, roi_labels taken, and not used). With
-        mlm_labels, mlm_logits holds the masked positions in the order of
-        `mlm_labels[mlm_labels != -100]`; without, [B, T, V] over the text slots. pixel_samples:
-        this step's pixel tokens kept per image (None: config.pixel_samples; 0: every one)."""
-        # Random pixel sampling in pre-training's steps only: evaluation sees every pixel.
+    def encode_for_pretraining(self, pixel_samples: int | None = None, **inputs) -> PixelBertModelOutput:
+        """`inputs` as PixelBertModel takes them; pixel_samples: this step's pixel tokens kept per
+        image (None: config.pixel_samples; 0: every one). Random pixel sampling in pre-training's
+        steps only: evaluation sees every pixel."""
         step_samples = self.config.pixel_samples if pixel_samples is None else pixel_samples
-        sample = step_samples if self.training else 0
-        out = self.pixelbert(
-            input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, sample_pixels=sample
-        )
-        text = out.text_hidden
-        masked = None
-        if mlm_labels is not None:
-            labels = mlm_labels.gather(1, out.text_index).masked_fill(~out.text_mask, IGNORE_INDEX)
-            masked = labels != IGNORE_INDEX
-        # With labels, only the masked positions are scored, as VLBertForPreTraining does.
-        mlm_logits = self.mlm(text[masked] if masked is not None else text)
-        relation_logits = self.relation_head(out.last_hidden_state[:, 0]).squeeze(-1)
-        losses = {}
-        if masked is not None and bool(masked.any()):
-            losses["mlm"] = F.cross_entropy(mlm_logits, labels[masked])
-        relation = relation_loss(relation_logits, relation_labels)
-        if relation is not None:
-            losses["relation"] = relation
-        loss = sum(losses.values()) if losses else None
-        return VLBertPreTrainingOutput(loss, losses, mlm_logits, text.new_zeros(0), relation_logits)
+        return self.pixelbert(**inputs, sample_pixels=step_samples if self.training else 0)
 
 
-class PixelBertForVQA(PixelBertPreTrainedModel):
-    """An MLP on [CLS] over the answer vocabulary, as the paper's VQA, trained with binary
-    cross-entropy on the soft VQA scores as VLBertForVQA is."""
-
-    def __init__(self, config: PixelBertConfig):
-        super().__init__(config)
-        self.pixelbert = PixelBertModel(config, initialise=False)
-        if config.num_answers < 1:
-            raise ValueError("PixelBertForVQA needs config.num_answers (the answer vocabulary size)")
-        self.classifier = task_classifier(config, config.num_answers)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual,
-        answer_positions=None,
-        answer_scores=None,
-        **_,
-    ):
-        """As VLBertForVQA's; the answer is read on [CLS], not at answer_positions."""
-        out = self.pixelbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = self.classifier(out.last_hidden_state[:, 0])
-        losses = {}
-        if answer_scores is not None:
-            losses["vqa"] = vqa_loss(logits, answer_scores)
-        return VLBertTaskOutput(losses.get("vqa"), logits, losses)
+class PixelBertForVQA(VQAHeadMixin, PixelBertPreTrainedModel):
+    """The answer read on [CLS], an MLP over the answer vocabulary as the paper's."""
 
 
-class PixelBertForVCR(PixelBertPreTrainedModel):
-    """Each candidate is one sequence; [CLS] gives its score, softmax over the candidates. No
-    masked RoI loss: Pixel-BERT has no regions."""
-
-    def __init__(self, config: PixelBertConfig):
-        super().__init__(config)
-        self.pixelbert = PixelBertModel(config, initialise=False)
-        self.classifier = task_classifier(config, 1)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual,
-        labels=None,
-        num_choices: int = 4,
-        **_,
-    ):
-        """Inputs are [B * num_choices, ...] (candidates of one question adjacent), as VLBertForVCR's."""
-        out = self.pixelbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = candidate_logits(
-            self.classifier, out.last_hidden_state[:, 0], num_choices, self.config.centre_candidates
-        )
-        losses = {}
-        if labels is not None:
-            losses["choice"] = F.cross_entropy(logits, labels)
-        return VLBertTaskOutput(losses.get("choice"), logits, losses)
+class PixelBertForVCR(VCRHeadMixin, PixelBertPreTrainedModel):
+    """A candidate read on its [CLS]; no masked RoI loss (Pixel-BERT has no regions)."""
 
 
-class PixelBertForRefCOCO(PixelBertPreTrainedModel):
-    """A binary score per candidate box; the prediction is the best-scoring box. This head is the
-    project's design (the paper has no RefCOCO+ head): a box's feature is RoIAlign over the final
-    layer's pixel-token map, averaged to one vector, then VLBertForRefCOCO's classifier and loss."""
-
-    def __init__(self, config: PixelBertConfig):
-        super().__init__(config)
-        self.pixelbert = PixelBertModel(config, initialise=False)
-        self.classifier = task_classifier(config, 1)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual,
-        roi_positions,
-        roi_targets=None,
-        **_,
-    ):
-        """As VLBertForRefCOCO's: the candidates are the rows of visual.boxes (image pixels) whose
-        roi_positions are >= 0; roi_targets [B, R] 1 / 0 for candidates, -1 elsewhere."""
-        out = self.pixelbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        pixel_map = out.pixel_map()
-        # Image pixels -> map cells: the transform's resize, then the stride.
-        boxes = visual.boxes.to(pixel_map.dtype) * out.pixels.box_scale.to(pixel_map.dtype).repeat(1, 2).unsqueeze(1)
-        # aligned: cell i covers [i, i + 1) on the map, its centre at i + 0.5, as box corners need.
-        pooled = roi_align(pixel_map, list(boxes), ROI_SIZE, spatial_scale=1.0, sampling_ratio=2, aligned=True)
-        box_hidden = pooled.mean((2, 3)).view(*boxes.shape[:2], -1)
-        if self.config.centre_candidates:
-            box_hidden = centre_regions(box_hidden, roi_positions)
-        logits = self.classifier(box_hidden).squeeze(-1)
-        logits = logits.masked_fill(roi_positions < 0, -math.inf)
-        losses = {}
-        if roi_targets is not None:
-            losses["ref"] = referring_loss(logits, roi_targets)
-        return VLBertTaskOutput(losses.get("ref"), logits, losses)
+class PixelBertForRefCOCO(RefCOCOHeadMixin, PixelBertPreTrainedModel):
+    """A candidate box read by RoIAlign over the final layer's pixel-token map: the project's design
+    (the paper has no RefCOCO+ head)."""

@@ -8,19 +8,19 @@ direction with its own projections, output, residual and LayerNorm, then each st
 feed-forward block. The layers interleave as the released code's `t_biattention_id` /
 `v_biattention_id` say (ViLBertConfig).
 
-The model reads the batches VL-BERT's heads read (vlbert.modeling.processing_vlbert's layout):
+The model reads the batches VL-BERT's heads read (vlbert.modeling.processing_study's layout):
 the text stream takes the words and special tokens of the sequence, not its `[IMG]` / `[END]`
 elements, and the visual stream takes the rows of `VisualInputs` (row 0 becomes `[IMG]`).
 
 Reading order: region embeddings, the co-attention layer, `ViLBertPreTrainedModel` (the builder's
-hooks), `ViLBertModel`, then one class per head. Weight init, BERT loading and checkpoints are every
+hooks and the readouts the task heads take), `ViLBertModel`, the pre-training model, then the task
+models: heads.py's heads on ViLBERT's readouts. Weight init, BERT loading and checkpoints are every
 family's (`StudyPreTrainedModel`, pretrained.py), as are `VisualInputs` (inputs.py) and the heads
 and losses (heads.py): nothing is imported from VL-BERT's modeling module.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -32,23 +32,11 @@ from transformers.models.bert.modeling_bert import (
     BertAttention,
     BertIntermediate,
     BertLayer,
-    BertOnlyMLMHead,
     BertOutput,
 )
 
 from .configuration_vilbert import ViLBertConfig
-from .heads import (
-    IGNORE_INDEX,
-    MaskedRoIHead,
-    VLBertPreTrainingOutput,
-    VLBertTaskOutput,
-    candidate_logits,
-    centre_regions,
-    referring_loss,
-    relation_loss,
-    task_classifier,
-    vqa_loss,
-)
+from .heads import PreTrainingHeadMixin, RefCOCOHeadMixin, VCRHeadMixin, VQAHeadMixin
 from .inputs import VisualInputs
 from .pretrained import StudyPreTrainedModel
 
@@ -159,12 +147,32 @@ class ViLBertPreTrainedModel(StudyPreTrainedModel):
         """Centre the regions' appearance features on `mean` (that of the training images)."""
         self.base_model.region_embeddings.appearance_mean.copy_(mean)
 
-    # ---- what the heads read -----------------------------------------------------------------
+    # ---- what the heads read (StudyPreTrainedModel's readouts) ---------------------------------
+
+    def build_encoder(self, config: ViLBertConfig) -> ViLBertModel:
+        return ViLBertModel(config, initialise=False)
 
     def pooled_product(self, outputs: ViLBertOutput) -> torch.Tensor:
         """The element-wise product of the pooled `[CLS]` and `[IMG]`: what ViLBERT's alignment
         and its VQA and VCR heads read (the released code's `fusion_method: mul`)."""
         return outputs.pooled_text * outputs.pooled_regions
+
+    def word_states(self, outputs: ViLBertOutput, mlm_labels: torch.Tensor | None) -> tuple:
+        """The text stream's states, and the masked words' labels as they are (one per element)."""
+        return outputs.text, mlm_labels
+
+    def relation_state(self, outputs: ViLBertOutput) -> torch.Tensor:
+        return self.pooled_product(outputs)
+
+    def answer_state(self, outputs: ViLBertOutput, answer_positions: torch.Tensor | None) -> torch.Tensor:
+        return self.pooled_product(outputs)
+
+    def candidate_state(self, outputs: ViLBertOutput) -> torch.Tensor:
+        return self.pooled_product(outputs)
+
+    def region_states(self, outputs: ViLBertOutput, visual: VisualInputs, roi_positions: torch.Tensor) -> torch.Tensor:
+        """[B, R, H]: the visual stream's output per region row (the rows VisualInputs holds)."""
+        return outputs.regions
 
 
 class ViLBertModel(ViLBertPreTrainedModel):
@@ -269,155 +277,25 @@ def masked_region_kl(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     return F.kl_div(logits[masked].log_softmax(-1), targets[masked], reduction="batchmean")
 
 
-class ViLBertForPreTraining(ViLBertPreTrainedModel):
+# The pre-training and task models: the shared heads (heads.py) on ViLBERT's readouts.
+
+
+class ViLBertForPreTraining(PreTrainingHeadMixin, ViLBertPreTrainedModel):
     """ViLBERT's objectives: masked words (BERT's 80/10/10, from the text stream), masked regions
     (features zeroed, the detector's class distribution as the target of a KL divergence) and
     image-text alignment on the pooled product (mismatched captions: the collator's relation
     labels; their words and regions are not masked)."""
 
-    # As VLBertForPreTraining: the decoder is the word embedding matrix.
-    _tied_weights_keys = {
-        "mlm.predictions.decoder.weight": "vilbert.bert.embeddings.word_embeddings.weight",
-        "mlm.predictions.bias": "mlm.predictions.decoder.bias",
-    }
-
-    def __init__(self, config: ViLBertConfig):
-        super().__init__(config)
-        self.vilbert = ViLBertModel(config, initialise=False)
-        self.mlm = BertOnlyMLMHead(config)
-        self.roi_head = MaskedRoIHead(config)
-        self.relation_head = nn.Linear(config.hidden_size, 1)
-        self.post_init()
-
-    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.get_output_embeddings with cls->mlm
-    def get_output_embeddings(self):
-        return self.mlm.predictions.decoder
-
-    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.set_output_embeddings with cls->mlm
-    def set_output_embeddings(self, new_embeddings):
-        self.mlm.predictions.decoder = new_embeddings
-        self.mlm.predictions.bias = new_embeddings.bias
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index=None,
-        visual=None,
-        text_only=None,
-        roi_positions=None,
-        mlm_labels=None,
-        roi_labels=None,
-        relation_labels=None,
-    ):
-        outputs = self.vilbert(
-            input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, text_only
-        )
-        masked = mlm_labels != IGNORE_INDEX if mlm_labels is not None else None
-        mlm_logits = self.mlm(outputs.text[masked] if masked is not None else outputs.text)
-        roi_logits = self.roi_head(outputs.regions)
-        relation_logits = self.relation_head(self.pooled_product(outputs)).squeeze(-1)
-        losses = {}
-        if masked is not None and bool(masked.any()):
-            losses["mlm"] = F.cross_entropy(mlm_logits, mlm_labels[masked])
-        if roi_labels is not None:
-            roi_loss = masked_region_kl(roi_logits, roi_labels)
-            if roi_loss is not None:
-                losses["masked_roi"] = roi_loss
-        relation = relation_loss(relation_logits, relation_labels)
-        if relation is not None:
-            losses["relation"] = relation
-        loss = sum(losses.values()) if losses else None
-        return VLBertPreTrainingOutput(loss, losses, mlm_logits, roi_logits, relation_logits)
+    masked_region_loss = staticmethod(masked_region_kl)
 
 
-class ViLBertForVQA(ViLBertPreTrainedModel):
-    """A classifier over the answer vocabulary on the pooled product, trained as VL-BERT's."""
-
-    def __init__(self, config: ViLBertConfig):
-        super().__init__(config)
-        self.vilbert = ViLBertModel(config, initialise=False)
-        if config.num_answers < 1:
-            raise ValueError("ViLBertForVQA needs config.num_answers (the answer vocabulary size)")
-        self.classifier = task_classifier(config, config.num_answers)
-        self.post_init()
-
-    def forward(
-        self, input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, answer_scores=None, **_
-    ):
-        outputs = self.vilbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = self.classifier(self.pooled_product(outputs))
-        losses = {}
-        if answer_scores is not None:
-            losses["vqa"] = vqa_loss(logits, answer_scores)
-        return VLBertTaskOutput(losses.get("vqa"), logits, losses)
+class ViLBertForVQA(VQAHeadMixin, ViLBertPreTrainedModel):
+    """The answer read on the pooled product."""
 
 
-class ViLBertForVCR(ViLBertPreTrainedModel):
-    """A score per candidate on the pooled product, softmax over the candidates."""
-
-    def __init__(self, config: ViLBertConfig):
-        super().__init__(config)
-        self.vilbert = ViLBertModel(config, initialise=False)
-        self.classifier = task_classifier(config, 1)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual,
-        labels=None,
-        num_choices: int = 4,
-        **_,
-    ):
-        """Inputs are [B * num_choices, ...] (candidates of one question adjacent)."""
-        outputs = self.vilbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = candidate_logits(
-            self.classifier, self.pooled_product(outputs), num_choices, self.config.centre_candidates
-        )
-        losses = {}
-        if labels is not None:
-            losses["choice"] = F.cross_entropy(logits, labels)
-        return VLBertTaskOutput(losses.get("choice"), logits, losses)
+class ViLBertForVCR(VCRHeadMixin, ViLBertPreTrainedModel):
+    """A candidate read on its pooled product."""
 
 
-class ViLBertForRefCOCO(ViLBertPreTrainedModel):
-    """A binary score per region from the visual stream's output; the prediction is the best one
-    (VLBertForRefCOCO's protocol)."""
-
-    def __init__(self, config: ViLBertConfig):
-        super().__init__(config)
-        self.vilbert = ViLBertModel(config, initialise=False)
-        self.classifier = task_classifier(config, 1)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual,
-        roi_positions,
-        roi_targets=None,
-        **_,
-    ):
-        """roi_positions [B, R]: >= 0 for the candidate rows (VLBertForRefCOCO's meaning);
-        roi_targets as VLBertForRefCOCO's."""
-        outputs = self.vilbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        regions = outputs.regions
-        if self.config.centre_candidates:
-            regions = centre_regions(regions, roi_positions)
-        logits = self.classifier(regions).squeeze(-1)
-        logits = logits.masked_fill(roi_positions < 0, -math.inf)
-        losses = {}
-        if roi_targets is not None:
-            losses["ref"] = referring_loss(logits, roi_targets)
-        return VLBertTaskOutput(losses.get("ref"), logits, losses)
+class ViLBertForRefCOCO(RefCOCOHeadMixin, ViLBertPreTrainedModel):
+    """A region read on the visual stream's output."""

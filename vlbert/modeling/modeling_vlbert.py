@@ -8,8 +8,9 @@ text-only input takes one learned embedding, a masked RoI a learned mask embeddi
 its appearance (its geometry stays). The encoder is transformers' BertModel (attention through SDPA); token, segment
 and position embeddings and the LayerNorm are BERT's own.
 
-Reading order: visual embeddings, `VLBertPreTrainedModel` (the builder's hooks), `VLBertModel`,
-then one class per head. What every family shares is in its own modules: weight init, BERT
+Reading order: visual embeddings, `VLBertPreTrainedModel` (the builder's hooks and the readouts
+the task heads take), `VLBertModel`, the pre-training model, then the task models: heads.py's
+heads on VL-BERT's readouts. What every family shares is in its own modules: weight init, BERT
 loading and checkpoints in `pretrained.py` (`StudyPreTrainedModel`, which `VLBertPreTrainedModel`
 subclasses), the regions' inputs in `inputs.py` (`VisualInputs`), the heads and losses in
 `heads.py`. The classes are transformers `PreTrainedModel`s: `save_pretrained` / `from_pretrained`
@@ -19,29 +20,13 @@ AutoConfig / AutoModel / AutoModelForPreTraining.
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import BertModel
-from transformers.models.bert.modeling_bert import BertOnlyMLMHead
 
 from .configuration_vlbert import VLBertConfig
 from .fast_rcnn import FastRCNN
-from .heads import (
-    IGNORE_INDEX,
-    MaskedRoIHead,
-    VLBertPreTrainingOutput,
-    VLBertTaskOutput,
-    candidate_logits,
-    centre_regions,
-    masked_roi_loss,
-    referring_loss,
-    relation_loss,
-    task_classifier,
-    vqa_loss,
-)
+from .heads import IGNORE_INDEX, PreTrainingHeadMixin, RefCOCOHeadMixin, VCRHeadMixin, VQAHeadMixin, masked_roi_loss
 from .inputs import VisualInputs
 from .pretrained import StudyPreTrainedModel
 
@@ -106,7 +91,34 @@ class VLBertPreTrainedModel(StudyPreTrainedModel):
         """Centre the regions' appearance features on `mean` (that of the training images)."""
         self.base_model.visual_embeddings.appearance_mean.copy_(mean)
 
-    # ---- what the heads read -----------------------------------------------------------------
+    # ---- what the heads read (StudyPreTrainedModel's readouts) ---------------------------------
+
+    vcr_classifies_rois = True  # the paper's VCR also classifies masked RoIs
+
+    def build_encoder(self, config: VLBertConfig) -> VLBertModel:
+        return VLBertModel(config, initialise=False)
+
+    def word_states(self, hidden: torch.Tensor, mlm_labels: torch.Tensor | None) -> tuple:
+        """The sequence's states, and the masked words' labels as they are (one per element)."""
+        return hidden, mlm_labels
+
+    def relation_state(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, H]: [CLS]."""
+        return hidden[:, 0]
+
+    def answer_state(self, hidden: torch.Tensor, answer_positions: torch.Tensor | None) -> torch.Tensor:
+        """[B, H]: the [MASK] in the answer slot."""
+        if answer_positions is None:
+            raise ValueError(f"{type(self).__name__} reads the answer at answer_positions: give them")
+        return hidden[torch.arange(len(hidden)), answer_positions]
+
+    def candidate_state(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B * C, H]: each candidate's [CLS]."""
+        return hidden[:, 0]
+
+    def region_states(self, hidden: torch.Tensor, visual: VisualInputs, roi_positions: torch.Tensor | None):
+        """Each region row's [IMG] element (`roi_hidden`); None without roi_positions (text-only input)."""
+        return None if roi_positions is None else self.roi_hidden(hidden, roi_positions)
 
     def roi_hidden(self, hidden: torch.Tensor, roi_positions: torch.Tensor) -> torch.Tensor:
         """[B, R, H]: the hidden state of each RoI's [IMG] element (zeros where there is none)."""
@@ -223,172 +235,24 @@ class VLBertModel(VLBertPreTrainedModel):
         return output.last_hidden_state
 
 
-class VLBertForPreTraining(VLBertPreTrainedModel):
+# The pre-training and task models: the shared heads (heads.py) on VL-BERT's readouts.
+
+
+class VLBertForPreTraining(PreTrainingHeadMixin, VLBertPreTrainedModel):
     """Masked language modelling with visual clues (and on text-only input), masked RoI
     classification with linguistic clues, and sentence-image relation prediction on [CLS]."""
 
-    # Adapted from transformers.models.bert.modeling_bert.BertForPreTraining._tied_weights_keys:
-    # the decoder is the word embedding matrix, and the head's `bias` is the decoder's, stored
-    # once under the decoder's name (as checkpoints written before this declaration have it).
-    _tied_weights_keys = {
-        "mlm.predictions.decoder.weight": "vlbert.bert.embeddings.word_embeddings.weight",
-        "mlm.predictions.bias": "mlm.predictions.decoder.bias",
-    }
-
-    def __init__(self, config: VLBertConfig):
-        super().__init__(config)
-        self.vlbert = VLBertModel(config, initialise=False)
-        self.mlm = BertOnlyMLMHead(config)
-        self.roi_head = MaskedRoIHead(config)
-        self.relation_head = nn.Linear(config.hidden_size, 1)
-        self.post_init()
-
-    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.get_output_embeddings with cls->mlm
-    def get_output_embeddings(self):
-        return self.mlm.predictions.decoder
-
-    # Copied from transformers.models.bert.modeling_bert.BertForPreTraining.set_output_embeddings with cls->mlm
-    def set_output_embeddings(self, new_embeddings):
-        self.mlm.predictions.decoder = new_embeddings
-        self.mlm.predictions.bias = new_embeddings.bias
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual=None,
-        text_only=None,
-        roi_positions=None,
-        mlm_labels=None,
-        roi_labels=None,
-        relation_labels=None,
-    ):
-        hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, text_only)
-        # With labels, only the masked positions are scored: the vocabulary projection is most of
-        # a step's cost, and most of its output would be thrown away.
-        masked = mlm_labels != IGNORE_INDEX if mlm_labels is not None else None
-        mlm_logits = self.mlm(hidden[masked] if masked is not None else hidden)
-        roi_logits = (
-            self.roi_head(self.roi_hidden(hidden, roi_positions)) if roi_positions is not None else hidden.new_zeros(0)
-        )
-        relation_logits = self.relation_head(hidden[:, 0]).squeeze(-1)
-        losses = {}
-        if masked is not None and bool(masked.any()):
-            losses["mlm"] = F.cross_entropy(mlm_logits, mlm_labels[masked])
-        roi_loss = masked_roi_loss(roi_logits, roi_labels) if roi_positions is not None else None
-        if roi_loss is not None:
-            losses["masked_roi"] = roi_loss
-        relation = relation_loss(relation_logits, relation_labels)
-        if relation is not None:
-            losses["relation"] = relation
-        loss = sum(losses.values()) if losses else None
-        return VLBertPreTrainingOutput(loss, losses, mlm_logits, roi_logits, relation_logits)
+    masked_region_loss = staticmethod(masked_roi_loss)
 
 
-class VLBertForVQA(VLBertPreTrainedModel):
-    """The answer is read at a [MASK] in the answer slot: a classifier over the answer vocabulary,
-    trained with binary cross-entropy on the soft VQA scores."""
-
-    def __init__(self, config: VLBertConfig):
-        super().__init__(config)
-        self.vlbert = VLBertModel(config, initialise=False)
-        if config.num_answers < 1:
-            raise ValueError("VLBertForVQA needs config.num_answers (the answer vocabulary size)")
-        self.classifier = task_classifier(config, config.num_answers)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual,
-        answer_positions,
-        answer_scores=None,
-        **_,
-    ):
-        hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = self.classifier(hidden[torch.arange(len(hidden)), answer_positions])
-        losses = {}
-        if answer_scores is not None:
-            losses["vqa"] = vqa_loss(logits, answer_scores)
-        return VLBertTaskOutput(losses.get("vqa"), logits, losses)
+class VLBertForVQA(VQAHeadMixin, VLBertPreTrainedModel):
+    """The answer read at a [MASK] in the answer slot."""
 
 
-class VLBertForVCR(VLBertPreTrainedModel):
-    """Each of the 4 candidates is one sequence; [CLS] gives its score, softmax over the 4.
-    Given `roi_positions` and `roi_labels`, its RoI head adds the paper's RoI classification loss;
-    the study's VCR batches carry none (a probe of it: reports/reference/mini/README.md)."""
-
-    def __init__(self, config: VLBertConfig):
-        super().__init__(config)
-        self.vlbert = VLBertModel(config, initialise=False)
-        self.classifier = task_classifier(config, 1)
-        self.roi_head = MaskedRoIHead(config)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual,
-        labels=None,
-        roi_positions=None,
-        roi_labels=None,
-        num_choices: int = 4,
-        **_,
-    ):
-        """Inputs are [B * num_choices, ...] (candidates of one question adjacent)."""
-        hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        logits = candidate_logits(self.classifier, hidden[:, 0], num_choices, self.config.centre_candidates)
-        losses = {}
-        if labels is not None:
-            losses["choice"] = F.cross_entropy(logits, labels)
-        if roi_positions is not None:
-            roi_loss = masked_roi_loss(self.roi_head(self.roi_hidden(hidden, roi_positions)), roi_labels)
-            if roi_loss is not None:
-                losses["masked_roi"] = roi_loss
-        return VLBertTaskOutput(sum(losses.values()) if losses else None, logits, losses)
+class VLBertForVCR(VCRHeadMixin, VLBertPreTrainedModel):
+    """A candidate read at its [CLS]; with `roi_positions` and `roi_labels`, the paper's masked
+    RoI classification beside the choice."""
 
 
-class VLBertForRefCOCO(VLBertPreTrainedModel):
-    """A binary score per RoI from its [IMG] element; the prediction is the best-scoring RoI."""
-
-    def __init__(self, config: VLBertConfig):
-        super().__init__(config)
-        self.vlbert = VLBertModel(config, initialise=False)
-        self.classifier = task_classifier(config, 1)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index,
-        visual,
-        roi_positions,
-        roi_targets=None,
-        **_,
-    ):
-        """roi_targets: [B, R] 1 where the RoI overlaps the referent with IoU >= 0.5, 0 elsewhere,
-        -1 for rows that are not candidates (padding, the whole image)."""
-        hidden = self.vlbert(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
-        regions = self.roi_hidden(hidden, roi_positions)
-        if self.config.centre_candidates:
-            regions = centre_regions(regions, roi_positions)
-        logits = self.classifier(regions).squeeze(-1)
-        logits = logits.masked_fill(roi_positions < 0, -math.inf)
-        losses = {}
-        if roi_targets is not None:
-            losses["ref"] = referring_loss(logits, roi_targets)
-        return VLBertTaskOutput(losses.get("ref"), logits, losses)
+class VLBertForRefCOCO(RefCOCOHeadMixin, VLBertPreTrainedModel):
+    """A region read at its [IMG] element."""

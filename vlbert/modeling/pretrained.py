@@ -106,6 +106,39 @@ class StudyPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         init_weights(module, self.config.initializer_range)
 
+    # ---- the readouts: what the shared heads (heads.py) take from a family's encoder ------------
+    # `encoded` is the family's encoder output on the batch (its base model's forward).
+
+    vcr_classifies_rois: bool = False  # VCR's task model also classifies masked RoIs
+
+    def build_encoder(self, config) -> nn.Module:
+        """The family's encoder, for a task model to hold (`initialise=False`: the task model's
+        `post_init` draws it with the head, in one pass)."""
+        raise NotImplementedError(f"{type(self).__name__} builds no encoder")
+
+    def word_states(self, encoded, mlm_labels: torch.Tensor | None) -> tuple:
+        """The words' states [B, T, H] that masked language modelling scores, and `mlm_labels`
+        ([B, L], per input element) as [B, T] on those states (None without)."""
+        raise NotImplementedError(f"{type(self).__name__} has no word states")
+
+    def relation_state(self, encoded) -> torch.Tensor:
+        """[B, H]: the state the sentence-image relation is read on."""
+        raise NotImplementedError(f"{type(self).__name__} has no relation state")
+
+    def answer_state(self, encoded, answer_positions: torch.Tensor | None) -> torch.Tensor:
+        """[B, H]: the state VQA's classifier reads (`answer_positions`: each item's answer slot)."""
+        raise NotImplementedError(f"{type(self).__name__} has no answer state")
+
+    def candidate_state(self, encoded) -> torch.Tensor:
+        """[B * C, H]: the state a multiple-choice candidate (VCR's) is scored on."""
+        raise NotImplementedError(f"{type(self).__name__} has no candidate state")
+
+    def region_states(self, encoded, visual, roi_positions: torch.Tensor | None) -> torch.Tensor | None:
+        """[B, R, H]: each region row's state (`visual`'s rows; `roi_positions` < 0 where a row
+        is no region), what RefCOCO+ scores and masked region modelling reads; None where the
+        batch has no regions to read."""
+        raise NotImplementedError(f"{type(self).__name__} has no region states")
+
     def attention_columns(self, batch: dict, encoded) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A single-stream encoder's sequence, [B, L] masks each: its visual elements, its masked
         words (the batch's `mlm_labels`), and the elements it attends. `encoded`: its forward's

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..modeling.processing_vlbert import VLBertProcessor
+from ..modeling.processing_study import StudyProcessor
 from ..registry import FAMILIES, TaskSpec, family_class, task
 from .regions import Regions, features_path, visual_batch
 
@@ -20,7 +20,7 @@ from .regions import Regions, features_path, visual_batch
 @dataclass
 class Task:
     name: str
-    processor: VLBertProcessor
+    processor: StudyProcessor
     data_root: Path
     features_dir: Path
     family: str = "vlbert"  # the model family whose head it feeds (vlbert.registry.FAMILIES)

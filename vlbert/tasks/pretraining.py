@@ -18,7 +18,7 @@ from torchvision.ops import nms
 
 from ..data.feature_store import FeatureStore
 from ..modeling.heads import IGNORE_INDEX
-from ..modeling.processing_vlbert import VLBertProcessor, pad_batch
+from ..modeling.processing_study import StudyProcessor, pad_batch
 from .regions import Regions, regions_of, visual_batch
 
 MASK_PROBABILITY = 0.15
@@ -44,7 +44,7 @@ def substreams(generator: torch.Generator, *names: str) -> dict[str, torch.Gener
 
 
 def mask_tokens(
-    input_ids: torch.Tensor, maskable: torch.Tensor, processor: VLBertProcessor, generator: torch.Generator
+    input_ids: torch.Tensor, maskable: torch.Tensor, processor: StudyProcessor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masking: 15% of maskable tokens; of those 80% [MASK], 10% a random word, 10% kept.
     Each kind of draw is made for a fixed width of tokens a row, so a row's choices do not depend on
@@ -72,7 +72,7 @@ def mask_tokens(
     return masked_ids, labels
 
 
-def _maskable(batch: dict, processor: VLBertProcessor) -> torch.Tensor:
+def _maskable(batch: dict, processor: StudyProcessor) -> torch.Tensor:
     ids = batch["input_ids"]
     special = (ids == processor.cls_id) | (ids == processor.sep_id) | (ids == processor.pad_id)
     special |= (ids == processor.img_token_id) | (ids == processor.end_token_id)
@@ -131,7 +131,7 @@ class PretrainCollator:
     """Caption batches with the setting's tasks: MLM with visual clues always, masked RoI
     classification and sentence-image mismatches when the setting has them."""
 
-    def __init__(self, processor: VLBertProcessor, setting, captions: CaptionDataset):
+    def __init__(self, processor: StudyProcessor, setting, captions: CaptionDataset):
         self.processor, self.setting, self.captions = processor, setting, captions
 
     def __call__(self, examples: list[dict], generator: torch.Generator) -> dict:
@@ -204,7 +204,7 @@ def overlapping(regions: list, masked: torch.Tensor, candidates: torch.Tensor) -
 
 
 class TextOnlyCollator:
-    def __init__(self, processor: VLBertProcessor):
+    def __init__(self, processor: StudyProcessor):
         self.processor = processor
 
     def __call__(self, examples: list[dict], generator: torch.Generator) -> dict:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torchvision.ops import box_iou
 
-from ..modeling.processing_vlbert import pad_batch
+from ..modeling.processing_study import pad_batch
 from .base import Task
 from .regions import open_store, regions_of
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..data.vcr import tag_name
-from ..modeling.processing_vlbert import Word, pad_batch
+from ..modeling.processing_study import Word, pad_batch
 from .base import Task
 from .regions import open_store, regions_of
 

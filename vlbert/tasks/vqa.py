@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..modeling.processing_vlbert import pad_batch
+from ..modeling.processing_study import pad_batch
 from .base import Task
 from .regions import open_store, regions_of
 

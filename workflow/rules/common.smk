@@ -8,7 +8,8 @@ from vlbert.config import ConfigError, data_fractions, pretraining_seed, study_s
 from vlbert.config import validate as validate_preset
 from vlbert.hardware import gpu_visible
 from vlbert.layout import Layout
-from vlbert.registry import DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TABLE4_TASKS, TASKS, finetune_tasks
+from vlbert.registry import (DATASETS, FEATURE_STORES, PRETRAINING_STORES, SETTINGS, TABLE4_TASKS, TASKS,
+                             WRITER_VERSIONS, finetune_tasks)
 
 # The package's validation first: it names the key in the preset's terms and checks what a schema
 # cannot (NaN and infinities pass its bounds).

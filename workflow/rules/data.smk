@@ -11,7 +11,9 @@ rule make_data:
     params:
         preset=preset_file(),
         data=lambda wc, output: os.path.dirname(os.path.dirname(output[0])),
-        depends=lambda wc: depends_on("seed", "data.synthetic.image_size", f"data.synthetic.{wc.dataset}"),
+        # A writer's version, where its files changed since a folder was made (registry.WRITER_VERSIONS).
+        depends=lambda wc: depends_on("seed", "data.synthetic.image_size", f"data.synthetic.{wc.dataset}")
+        + (f" writer {WRITER_VERSIONS[wc.dataset]}" if wc.dataset in WRITER_VERSIONS else ""),
     conda:
         CONDA_ENV
     shell:

@@ -17,10 +17,11 @@ import numpy as np
 from tqdm import tqdm
 
 from ... import io
-from ...registry import DATASETS, TASKS
+from ...registry import DATASETS, TASKS, WRITER_VERSIONS
+from ..conceptual_captions import WORD_KINDS_FILE
 from ..vqa import UNKNOWN_ANSWER, complementary_pairs_name
 from . import captions, corpus, refcoco, vcr, vqa
-from .language import tokenize
+from .language import plural, tokenize
 from .ownership import check_replaceable, write_manifest
 from .world import (
     COLOURS,
@@ -125,6 +126,10 @@ def write_conceptual_captions(spec: dict, root: Path) -> None:
             save_image(image, root / relative)
             lines.append(f"{captions.make_caption(scene, rng)}\t{relative}\n")
         io.write_text(root / f"{split}.tsv", "".join(lines))
+    # The words only the image can tell, by kind: what pre-training's grounding probe masks (its
+    # kinds in name order: write_json sorts the keys).
+    kinds = {"colour": list(COLOURS), "shape": [*SHAPES, *(plural(s) for s in SHAPES)], "size": list(SIZES)}
+    io.write_json(root / WORD_KINDS_FILE, kinds, indent=1)
 
 
 def write_text_corpus(spec: dict, root: Path) -> None:
@@ -386,7 +391,10 @@ def make_world(
     stale = {}
     for name in datasets:
         # What this data set is made from: a change elsewhere in the spec leaves it alone.
-        stamp = json.dumps({k: spec[k] for k in ("seed", "image_size", name)}, sort_keys=True)
+        made_from = {k: spec[k] for k in ("seed", "image_size", name)}
+        if name in WRITER_VERSIONS:  # a writer's later files: the folders made before are remade
+            made_from["writer_version"] = WRITER_VERSIONS[name]
+        stamp = json.dumps(made_from, sort_keys=True)
         done = out / name / SPEC_STAMP
         if not (done.exists() and done.read_text() == stamp and not force):
             stale[name] = stamp

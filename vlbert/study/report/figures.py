@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ...registry import SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
-from .read import GROUNDING_KINDS, history, latest_pretraining, per_epoch
+from .read import grounding_kinds, history, latest_pretraining, per_epoch
 
 
 def figure_bars(table: pd.DataFrame, paper: dict, path: Path) -> None:
@@ -115,10 +115,12 @@ def figure_pretraining(uri: str, runs: pd.DataFrame, path: Path) -> None:
 def figure_grounding(uri: str, runs: pd.DataFrame, path: Path) -> None:
     """Learning dynamics of grounding: per epoch and setting, each word kind's own-minus-other gain,
     and the masked words' attention share on [IMG] against its uniform share (dashed)."""
-    fig, axes = plt.subplots(1, len(GROUNDING_KINDS) + 1, figsize=(4 * (len(GROUNDING_KINDS) + 1), 3.8))
+    kinds = grounding_kinds(runs)
+    fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(4 * (len(kinds) + 1), 3.8), squeeze=False)
+    axes = list(axes[0])
     for _, run in latest_pretraining(runs).iterrows():
         colour = plt.cm.tab10(list(SETTINGS).index(run["setting"]) % 10)
-        for ax, kind in zip(axes, GROUNDING_KINDS):
+        for ax, kind in zip(axes, kinds):
             epochs, values = per_epoch(uri, run["run_id"], f"val_ground_{kind}_gain")
             if epochs:
                 ax.plot(epochs, values, marker="o", color=colour, label=run["setting"])
@@ -126,7 +128,7 @@ def figure_grounding(uri: str, runs: pd.DataFrame, path: Path) -> None:
         if epochs:
             axes[-1].plot(epochs, values, marker="o", color=colour, label=run["setting"])
             axes[-1].plot(*per_epoch(uri, run["run_id"], "val_attention_img_uniform"), linestyle="--", color=colour)
-    for ax, kind in zip(axes, GROUNDING_KINDS):
+    for ax, kind in zip(axes, kinds):
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_title(f"{kind} words: own image minus another's")
         ax.set_ylabel("accuracy gain (points)")

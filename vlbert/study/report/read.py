@@ -6,6 +6,7 @@ MLflow is read through vlbert.tracking, which knows the run format (tags, metric
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -41,10 +42,18 @@ from ...tracking import (
 # What pre-training's validation logs (vlbert.engine.pretrain): masked words right with each caption's
 # own image and with another's, on the same masks, and their difference.
 PRETRAINING_METRICS = ("mlm_accuracy", "mlm_accuracy_other_image", "visual_clue_gain")
-# The grounding probe's word kinds and what it logs per epoch (vlbert.engine.grounding, not imported:
-# it needs torch): per kind ground_<kind>_own/_other/_gain/_chance/_n, and attention_img_share(_layer<i>).
-GROUNDING_KINDS = ("colour", "shape", "size")
+# What the grounding probe logs per epoch (vlbert.engine.grounding, not imported: it needs torch):
+# per word kind of the captions' folder ground_<kind>_own/_other/_gain/_chance/_n, and
+# attention_img_share(_layer<i>).
 GROUNDING_PREFIXES = (val_metric("ground_"), val_metric("attention_img_"))
+GROUNDING_KIND = re.compile(r"^ground_(\w+)_own$")
+
+
+def grounding_kinds(runs: pd.DataFrame) -> tuple[str, ...]:
+    """The word kinds the runs' grounding probes measured (the synthetic world's colour, shape and
+    size), in name order; none where no run has the probe's figures."""
+    kinds = {match.group(1) for column in runs.columns if (match := GROUNDING_KIND.match(str(column)))}
+    return tuple(sorted(kinds))
 
 
 # Figures of the reported split beside its accuracy, where a task scores them (RefCOCO+'s test

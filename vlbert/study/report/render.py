@@ -12,7 +12,7 @@ import pandas as pd
 
 from ... import io
 from ...registry import FAMILIES, SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
-from .read import GROUNDING_KINDS, PRETRAINING_METRICS, latest_pretraining, pretraining_replicates
+from .read import PRETRAINING_METRICS, grounding_kinds, latest_pretraining, pretraining_replicates
 from .statistics import KILLED, MISSING, floor_of
 
 # ---- Table 4 and the findings ----------------------------------------------------------------
@@ -360,8 +360,9 @@ def write_pretraining(runs: pd.DataFrame, out: Path, notes: list[str] = ()) -> N
         "put there.",
         "",
     ]
+    kinds = grounding_kinds(runs)
     for _, run in latest_pretraining(runs).iterrows():
-        grounding += [f"### {run['setting']}", "", *grounding_lines(run), ""]
+        grounding += [f"### {run['setting']}", "", *grounding_lines(run, kinds), ""]
     io.write_text(
         out / "pretraining.md",
         "# Pre-training: do the masked words use the image?\n\n"
@@ -370,31 +371,34 @@ def write_pretraining(runs: pd.DataFrame, out: Path, notes: list[str] = ()) -> N
         + note
         + "\n"
         + "\n".join(grounding)
-        + replicates_section(pretraining_replicates(runs)),
+        + replicates_section(pretraining_replicates(runs), kinds),
     )
 
 
-# The replicates' columns: the read of the image overall and per word kind (own image minus another's).
-REPLICATE_COLUMNS = {
-    "visual clue gain": lambda run: _value(run, "visual_clue_gain"),
-    **{
-        f"{kind} gain": lambda run, kind=kind: _difference(
-            _value(run, f"ground_{kind}_own"), _value(run, f"ground_{kind}_other")
-        )
-        for kind in GROUNDING_KINDS
-    },
-}
+def replicate_columns(kinds: tuple[str, ...]) -> dict:
+    """The replicates' columns: the read of the image overall and per word kind (own image minus another's)."""
+    return {
+        "visual clue gain": lambda run: _value(run, "visual_clue_gain"),
+        **{
+            f"{kind} gain": lambda run, kind=kind: _difference(
+                _value(run, f"ground_{kind}_own"), _value(run, f"ground_{kind}_other")
+            )
+            for kind in kinds
+        },
+    }
 
 
 def _difference(a, b):
     return None if a is None or b is None else a - b
 
 
-def replicates_section(replicates: pd.DataFrame) -> str:
+def replicates_section(replicates: pd.DataFrame, kinds: tuple[str, ...]) -> str:
     """pretraining.md's section on a setting's several pre-trainings (pretrain.per_seed): each
-    one's read of the image, and their mean and spread, which the fine-tuning cells' spread holds."""
+    one's read of the image (overall and per word kind of `kinds`), and their mean and spread,
+    which the fine-tuning cells' spread holds."""
     if replicates.empty:
         return ""
+    columns = replicate_columns(kinds)
     lines = [
         "",
         "## Every pre-training of a setting",
@@ -403,12 +407,12 @@ def replicates_section(replicates: pd.DataFrame) -> str:
         "cell's spread holds pre-training's. Per pre-training (seed: the setting's own, then the fine-tuning "
         "seeds'), points of masked words right with the caption's own image over another's:",
         "",
-        "| setting | seed | " + " | ".join(REPLICATE_COLUMNS) + " |",
-        "|---|---|" + "---|" * len(REPLICATE_COLUMNS),
+        "| setting | seed | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
     ]
     for setting in [s for s in SETTINGS if s in set(replicates["setting"])]:
         runs = replicates[replicates["setting"] == setting].sort_values("seed", na_position="first")
-        values = {name: [read(run) for _, run in runs.iterrows()] for name, read in REPLICATE_COLUMNS.items()}
+        values = {name: [read(run) for _, run in runs.iterrows()] for name, read in columns.items()}
         for k, (_, run) in enumerate(runs.iterrows()):
             seed = "own" if pd.isna(run["seed"]) else str(int(run["seed"]))
             cells = ["-" if v[k] is None else f"{v[k]:+.1f}" for v in values.values()]
@@ -426,12 +430,13 @@ def _value(run, key):
     return None if value is None or pd.isna(value) else float(value)
 
 
-def grounding_lines(run) -> list[str]:
-    """One setting's grounding probe, last epoch: a row per word kind, then the attention share."""
-    if _value(run, f"ground_{GROUNDING_KINDS[0]}_own") is None:
-        return ["Not measured (a run from before the grounding probe)."]
+def grounding_lines(run, kinds: tuple[str, ...]) -> list[str]:
+    """One setting's grounding probe, last epoch: a row per word kind of `kinds`, then the
+    attention share."""
+    if not any(_value(run, f"ground_{kind}_own") is not None for kind in kinds):
+        return ["Not measured (a run from before the grounding probe, or captions that name no word kinds)."]
     lines = ["| kind | own (%) | other (%) | gain (points) | chance (%) | n |", "|---|---|---|---|---|---|"]
-    for kind in GROUNDING_KINDS:
+    for kind in kinds:
         own, other, chance, n = (_value(run, f"ground_{kind}_{k}") for k in ("own", "other", "chance", "n"))
         if own is not None:
             lines.append(f"| {kind} | {own:.1f} | {other:.1f} | {own - other:+.1f} | {chance:.1f} | {int(n)} |")

@@ -1,4 +1,5 @@
-"""Turn text (and object references) plus a number of RoIs into VL-BERT's input layout.
+"""Turn text (and object references) plus a number of RoIs into the study's input layout, VL-BERT's,
+which every model family reads (ViLBERT and Pixel-BERT take their streams from it):
 
     [CLS] A [SEP] (B [SEP]) [IMG] x (R + 1) [END]    (text-only input: [CLS] A [SEP] (B [SEP]))
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import BertTokenizerFast
 
-from .configuration_vlbert import END_TOKEN, IMG_TOKEN, SEGMENT_A, SEGMENT_B, SEGMENT_IMAGE
+from .configuration_study import END_TOKEN, IMG_TOKEN, SEGMENT_A, SEGMENT_B, SEGMENT_IMAGE
 
 
 def default_tokenizer_path() -> Path:
@@ -69,7 +70,9 @@ class Word:
     roi: int = 0  # RoI row whose visual feature this word takes (0: the whole image)
 
 
-class VLBertProcessor:
+class StudyProcessor:
+    """The tokenizer and the layout: a batch of every family's inputs from texts and RoI counts."""
+
     def __init__(self, tokenizer: BertTokenizerFast, max_text_length: int = 64):
         self.tokenizer = tokenizer
         self.max_text_length = max_text_length
@@ -86,7 +89,7 @@ class VLBertProcessor:
         self._word_ids: dict[str, tuple[int, ...]] = {}
 
     @classmethod
-    def from_pretrained(cls, path=None, max_text_length: int = 64) -> VLBertProcessor:
+    def from_pretrained(cls, path=None, max_text_length: int = 64) -> StudyProcessor:
         return cls(BertTokenizerFast.from_pretrained(str(path or default_tokenizer_path())), max_text_length)
 
     def save_pretrained(self, folder) -> None:
