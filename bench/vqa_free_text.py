@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlbert.data.vqa import load_json, read_annotations, read_answer_vocabulary
+from vlbert.data.errors import load_json
+from vlbert.data.vqa import read_annotations, read_answer_vocabulary
 from vlbert.evaluation.vqa_eval import NUMBER_WORDS, vqa_accuracy
 
 DIGIT_WORDS = {digit: word for word, digit in NUMBER_WORDS.items() if word != "none"}

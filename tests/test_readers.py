@@ -48,7 +48,7 @@ def test_a_captions_folder_without_word_kinds_has_none_and_a_bad_file_names_its_
     with pytest.raises(DataFormatError, match=r"word_kinds\.json \[shape\]: expected a non-empty list of words"):
         read_word_kinds(tmp_path)
     (tmp_path / WORD_KINDS_FILE).write_text('{"colour": ["red",')
-    with pytest.raises(DataFormatError, match=r"word_kinds\.json:1: not JSON"):
+    with pytest.raises(DataFormatError, match=r"word_kinds\.json:1: invalid JSON"):
         read_word_kinds(tmp_path)
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from pycocotools.coco import COCO
 
-from .errors import DataFormatError, require_keys, require_nonempty, resolve_inside
-from .vqa import load_json
+from .errors import DataFormatError, load_json, require_keys, require_nonempty, resolve_inside
 
 
 def read_coco(instances_path, image_root=None) -> COCO:

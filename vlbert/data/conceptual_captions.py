@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DataFormatError, read_text, require_file, require_nonempty, resolve_inside, text_lines
+from .errors import DataFormatError, load_json, require_file, require_nonempty, resolve_inside, text_lines
 
 # Beside the splits' TSVs: {kind: [word, ...]}, the words of each kind that only the image can tell
 # (the synthetic world's colours, shapes and sizes). Real Conceptual Captions has none: no probe.
@@ -44,15 +44,10 @@ def read_captions(tsv_path, image_root=None, check_images: bool = False) -> list
 
 def read_word_kinds(folder) -> dict[str, tuple[str, ...]] | None:
     """The word kinds of a captions folder (WORD_KINDS_FILE), lower case; None without the file."""
-    import json
-
     path = Path(folder) / WORD_KINDS_FILE
     if not path.is_file():
         return None
-    try:
-        kinds = json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(path, f"not JSON: {exc.msg}", exc.lineno) from None
+    kinds = load_json(path, "word kinds")
     if not isinstance(kinds, dict) or not kinds:
         raise DataFormatError(path, "expected an object of word kinds, {kind: [word, ...]}")
     for kind, words in kinds.items():

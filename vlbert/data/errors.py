@@ -84,6 +84,17 @@ def read_text(path) -> str:
     return _decode(Path(path).read_bytes(), path)
 
 
+def load_json(path, what: str):
+    """A whole JSON document; a missing file or bad JSON is one DataFormatError naming it (and the line)."""
+    import json
+
+    path = require_file(path, what)
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
+
+
 def resolve_inside(root, relative, path, line: int | None = None, key: str | None = None) -> Path:
     """`root / relative` for a path read from the data file `path`, refused when it leaves `root`
     (absolute, or climbing out with `..`): a data file must not make us open files elsewhere.

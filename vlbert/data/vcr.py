@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import (
     DataFormatError,
-    read_text,
+    load_json,
     require_file,
     require_keys,
     require_nonempty,
@@ -72,10 +72,7 @@ def read_object_names(folder) -> dict[str, str]:
     path = Path(folder) / OBJECT_NAMES
     if not path.is_file():
         return {}
-    try:
-        names = json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
+    names = load_json(path, "VCR object names")
     if not isinstance(names, dict) or not all(isinstance(v, str) for v in names.values()):
         raise DataFormatError(path, "expected an object {own name: COCO name written in the files}")
     coco_to_own = {coco: own for own, coco in names.items()}
@@ -146,10 +143,7 @@ def read_vcr(jsonl_path, image_root=None) -> list[VCRExample]:
 def read_metadata(path, object_names: dict[str, str] | None = None) -> VCRMetadata:
     """One image's metadata; `object_names` (read_object_names) gives `names` back as the data set's own."""
     path = require_file(path, "VCR image metadata")
-    try:
-        data = json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
+    data = load_json(path, "VCR image metadata")
     require_keys(data, ["boxes", "names", "width", "height"], path)
     if len(data["boxes"]) != len(data["names"]):
         raise DataFormatError(path, f"{len(data['boxes'])} boxes but {len(data['names'])} names", key="boxes")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import (
     DataFormatError,
-    read_text,
+    load_json,
     require_file,
     require_keys,
     require_nonempty,
@@ -33,14 +32,6 @@ class VQAExample:
     answer_type: str | None = None
     question_type: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
-
-
-def load_json(path, what: str):
-    path = require_file(path, what)
-    try:
-        return json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
 
 
 # The placeholder that VL-BERT's vocabulary (Pythia's answers_vqa.txt) puts first, the index its

@@ -170,8 +170,20 @@ class TaskHeadMixin:
     def build_head(self, config: StudyConfig) -> None:
         raise NotImplementedError
 
-    def encode_inputs(self, input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, **_):
-        return self.base_model(input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual)
+    def encode_inputs(
+        self,
+        input_ids,
+        token_type_ids,
+        position_ids,
+        attention_mask,
+        visual_index=None,
+        visual=None,
+        text_only=None,
+        **_,
+    ):
+        """The encoder on a batch (a pre-training batch of the text corpus: no image, `text_only`)."""
+        inputs = (input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, text_only)
+        return self.base_model(*inputs)
 
 
 class PreTrainingHeadMixin(TaskHeadMixin):
@@ -208,20 +220,6 @@ class PreTrainingHeadMixin(TaskHeadMixin):
         self.mlm.predictions.decoder = new_embeddings
         self.mlm.predictions.bias = new_embeddings.bias
 
-    def encode_for_pretraining(
-        self,
-        input_ids,
-        token_type_ids,
-        position_ids,
-        attention_mask,
-        visual_index=None,
-        visual=None,
-        text_only=None,
-    ):
-        """The encoder on a pre-training batch (a caption's, or the text corpus's with no image)."""
-        inputs = (input_ids, token_type_ids, position_ids, attention_mask, visual_index, visual, text_only)
-        return self.base_model(*inputs)
-
     def forward(
         self, mlm_labels=None, roi_positions=None, roi_labels=None, relation_labels=None, **inputs
     ) -> StudyPreTrainingOutput:
@@ -230,7 +228,7 @@ class PreTrainingHeadMixin(TaskHeadMixin):
         most of a step's cost, and most of its output would be thrown away). roi_positions [B, R]
         and roi_labels: the masked regions and their targets; relation_labels [B]: 1 where the
         caption is the image's, 0 where it is another's."""
-        encoded = self.encode_for_pretraining(**inputs)
+        encoded = self.encode_inputs(**inputs)
         words, labels = self.word_states(encoded, mlm_labels)
         masked = labels != IGNORE_INDEX if labels is not None else None
         mlm_logits = self.mlm(words[masked] if masked is not None else words)

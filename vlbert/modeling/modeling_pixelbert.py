@@ -569,7 +569,7 @@ class PixelBertForPreTraining(PreTrainingHeadMixin, PixelBertPreTrainedModel):
     """Masked language modelling with the image's pixels, and image-text matching on [CLS]. No
     masked visual modelling: the paper samples pixels instead (`config.pixel_samples`)."""
 
-    def encode_for_pretraining(self, pixel_samples: int | None = None, **inputs) -> PixelBertModelOutput:
+    def encode_inputs(self, pixel_samples: int | None = None, **inputs) -> PixelBertModelOutput:
         """`inputs` as PixelBertModel takes them; pixel_samples: this step's pixel tokens kept per
         image (None: config.pixel_samples; 0: every one). Random pixel sampling in pre-training's
         steps only: evaluation sees every pixel."""

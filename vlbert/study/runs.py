@@ -523,7 +523,8 @@ def _write_result(result: dict, out) -> None:
 def evaluate_vqa(args) -> int:
     """Predictions in the official results format, [{"question_id": ..., "answer": ...}], one per
     annotated question."""
-    from ..data.vqa import complementary_pairs_name, load_json, read_annotations, read_complementary_pairs
+    from ..data.errors import load_json
+    from ..data.vqa import complementary_pairs_name, read_annotations, read_complementary_pairs
     from ..evaluation.vqa_eval import pair_accuracy, vqa_accuracy
 
     annotations = read_annotations(args.annotations)
@@ -621,8 +622,7 @@ def vcr_leaderboard(args) -> int:
 
 
 def _records(path, key: str) -> list[dict]:
-    from ..data.errors import DataFormatError
-    from ..data.vqa import load_json
+    from ..data.errors import DataFormatError, load_json
 
     records = load_json(path, "predictions")
     if not isinstance(records, list):
