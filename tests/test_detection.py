@@ -19,7 +19,7 @@ from vlbert.cli import main
 from vlbert.data.errors import DataFormatError
 from vlbert.data.feature_store import FeatureStore, shards_folder
 from vlbert.detection import rules
-from vlbert.detection.backends import DETECTRON2_MISSING, Detectron2Backend, TorchvisionBackend
+from vlbert.detection.backends import TorchvisionBackend
 from vlbert.detection.extract import Chunk, StoreFormat, chunk_manifest, extract_chunk, extract_to_store, index_store
 from vlbert.detection.model import load_detector
 from vlbert.detection.rules import BoxRule, select_boxes
@@ -299,28 +299,6 @@ def test_the_gpu_path_writes_what_the_cpu_path_writes(backend, items_with_a_corr
         extract_to_store(_TakenForAGpuBackend(backend), items_with_a_corrupt_image, tmp_path / "f.h5", progress=False)
 
 
-# ---- detectron2 ------------------------------------------------------------------------------
-
-
-def test_detectron2_missing_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "detectron2", None)  # not importable, even where installed
-    with pytest.raises(ImportError, match="not on PyPI: build it from source") as info:
-        Detectron2Backend("cfg.yaml", "weights.pkl", BoxRule())
-    assert str(info.value) == DETECTRON2_MISSING
-
-
-def test_detectron2_backend_is_chosen_by_the_preset(monkeypatch, smoke_config):
-    from vlbert.detection.backends import build_backend
-
-    monkeypatch.setitem(sys.modules, "detectron2", None)
-    config = {
-        **smoke_config,
-        "detector": {"backend": "detectron2", "detectron2": {"config": "c.yaml", "weights": "w.pkl"}},
-    }
-    with pytest.raises(ImportError, match="detectron2"):
-        build_backend(config)
-
-
 # ---- the smoke preset end to end -------------------------------------------------------------
 
 
@@ -479,7 +457,7 @@ def test_report_writes_the_detector_quality_table_or_says_it_is_missing(tmp_path
     # Sorted keys, as the CLI writes metrics.json: the table still reads small, large, all.
     metrics = {"val_mAP": 0.41, "val_mAP50": 0.723, "val_gt_accuracy": accuracy}
     (tmp_path / "metrics.json").write_text(json.dumps(metrics, sort_keys=True))
-    write_detector(tmp_path / "metrics.json", tmp_path)
+    write_detector(tmp_path, tmp_path)
     text = (tmp_path / "detector.md").read_text()
     assert "0.410" in text and "0.723" in text
     rows = [line for line in text.splitlines() if line.startswith("| ")]
@@ -490,10 +468,11 @@ def test_report_writes_the_detector_quality_table_or_says_it_is_missing(tmp_path
         "| all | 50 | 68.0 | 94.0 | 74.0 |",
     ]
     (tmp_path / "metrics.json").write_text(json.dumps({"val_mAP": 0.41, "val_mAP50": 0.723}))  # an older detector
-    write_detector(tmp_path / "metrics.json", tmp_path)
+    write_detector(tmp_path, tmp_path)
     text = (tmp_path / "detector.md").read_text()
     assert "0.723" in text and "no ground-truth box accuracy" in text and "| size |" not in text
-    write_detector(tmp_path / "missing.json", tmp_path)
+    (tmp_path / "metrics.json").unlink()
+    write_detector(tmp_path, tmp_path)
     assert "No detector metrics" in (tmp_path / "detector.md").read_text()
 
 

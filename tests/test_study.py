@@ -456,8 +456,13 @@ def test_paper_dry_run_scatters_extraction_into_chunks(tmp_path):
     gathered by one index job a store."""
     paper = yaml.safe_load((REPO / "experiments/paper.yaml").read_text())
     chunks = paper["features"]["chunks"]
+    # The given detectron2 model's files are the describe_detector job's inputs: they must exist.
+    for key, name in (("config", "c4.yaml"), ("weights", "model.pkl")):
+        (tmp_path / name).write_text("given")
+        paper["detector"]["detectron2"][key] = str(tmp_path / name)
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(paper))
     result = subprocess.run(
-        SNAKEMAKE + ["-n", "--configfile", str(REPO / "experiments/paper.yaml"), "--directory", str(tmp_path)],
+        SNAKEMAKE + ["-n", "--configfile", str(tmp_path / "paper.yaml"), "--directory", str(tmp_path)],
         capture_output=True,
         text=True,
     )

@@ -137,11 +137,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder for the weights, config and metrics")
     _add_runtime_arguments(p)
 
+    p = _add_verb(
+        verbs,
+        "describe-detector",
+        runs.describe_detector,
+        "the study's detector folder for a given detectron2 model (detector.backend: detectron2)",
+    )
+    p.add_argument("--out", required=True, help="the detector folder (its detector_config.json)")
+
     p = _add_verb(verbs, "extract-rois", runs.extract_rois, "detect regions and store their features (HDF5)")
     p.add_argument("--dataset", required=True, choices=list(IMAGE_SPLITS))
     p.add_argument("--split", required=True, help="; ".join(f"{d}: {', '.join(s)}" for d, s in IMAGE_SPLITS.items()))
     p.add_argument("--out", required=True, help="the store's HDF5 index to write (its shards go to <name>.shards/)")
-    p.add_argument("--detector", help="folder written by `vlbert train-detector` (torchvision backend)")
+    p.add_argument(
+        "--detector",
+        help="the study's detector folder (`vlbert train-detector`'s, or `vlbert describe-detector`'s "
+        "for detectron2; default for detectron2: the preset's model)",
+    )
     p.add_argument(
         "--chunk",
         help="only chunk N-of-M of the split's shards, and its manifest (the workflow's scatter); "

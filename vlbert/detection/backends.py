@@ -2,7 +2,8 @@
 
 `TorchvisionBackend` runs the Faster R-CNN trained by `vlbert train-detector`;
 `Detectron2Backend` runs a detectron2 model (e.g. the Visual Genome R101-C4 of
-bottom-up-attention) from a config and weights file. Both apply the same box rule.
+bottom-up-attention) from its description (`vlbert.detection.detectron2`). Both apply the same box
+rule.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from .detectron2 import BACKEND, describe, read_description
 from .rules import BoxRule, select_boxes
 
 
@@ -132,84 +134,66 @@ class TorchvisionBackend(_RegionBackend):
         return score_regions(self.model, images, boxes, self.device)
 
 
-DETECTRON2_MISSING = (
-    "the detectron2 backend needs the `detectron2` package, which is not importable here. It is "
-    "not on PyPI: build it from source as its installation guide says (`pip install "
-    "--no-build-isolation <detectron2 source checkout>`, with a torch that matches), or use "
-    "`detector: {backend: torchvision}` in the preset."
-)
-
-
 class Detectron2Backend(_RegionBackend):
-    """A detectron2 C4 model (Res5ROIHeads), e.g. bottom-up-attention's Visual Genome R101-C4.
+    """A detectron2 C4 model (Res5ROIHeads) from its description (`detectron2.describe`): its RPN's
+    proposals, its box predictor's classes, and the regions' features of `C4RegionTrunk`."""
 
-    RoI features are the res5 outputs averaged over space, as that detector's `pool5`.
-    """
+    def __init__(self, description: dict, rule: BoxRule, device: str = "cpu"):
+        from .detectron2 import C4RegionTrunk, load_cfg, load_weights
 
-    def __init__(self, config_file: str, weights_file: str, rule: BoxRule, device: str = "cpu"):
-        try:
-            from detectron2.checkpoint import DetectionCheckpointer
-            from detectron2.config import get_cfg
-            from detectron2.modeling import build_model
-        except ImportError as exc:
-            raise ImportError(DETECTRON2_MISSING) from exc
-        cfg = get_cfg()
-        cfg.merge_from_file(config_file)
+        cfg = load_cfg(description["cfg"])  # says how to get detectron2 where it is missing
+        from detectron2.modeling import build_model
+
         cfg.MODEL.DEVICE = device
         self.model = build_model(cfg).eval()
-        DetectionCheckpointer(self.model).load(weights_file)
+        load_weights(self.model, description["weights"], description.get("config_file", "detector"))
+        self.trunk = C4RegionTrunk(cfg, self.model.backbone, self.model.roi_heads).to(device)
         self.rule, self.device = rule, device
-        self.class_names = [str(i) for i in range(cfg.MODEL.ROI_HEADS.NUM_CLASSES)]
-        self.feature_dim = self.model.roi_heads.res5[-1].conv3.out_channels
+        self.class_names = list(description["class_names"])
+        self.feature_dim = self.trunk.feature_dim
 
     @torch.inference_mode()
     def forward_regions(self, images, boxes):
-        from detectron2.structures import Boxes
-
-        model = self.model
-        # detectron2 takes 0-255 BGR images in `image`.
-        inputs = [
-            {"image": (i.flip(0) * 255).to(self.device), "height": i.shape[1], "width": i.shape[2]} for i in images
-        ]
-        batch = model.preprocess_image(inputs)
-        features = model.backbone(batch.tensor)
-        scales = [batch.image_sizes[k][1] / images[k].shape[2] for k in range(len(images))]
+        batch, scales = self.trunk.preprocess(images)
+        maps = self.trunk.backbone(batch.tensor)
         if any(b is None for b in boxes):
-            proposals, _ = model.proposal_generator(batch, features, None)
+            proposals, _ = self.model.proposal_generator(batch, maps, None)
         regions = []
-        for k, given in enumerate(boxes):
+        for k, (given, scale) in enumerate(zip(boxes, scales)):
             h, w = batch.image_sizes[k]
-            whole = torch.tensor([[0.0, 0.0, float(w), float(h)]], device=self.device)
+            whole = torch.tensor([[0.0, 0.0, float(w), float(h)]], device=scale.device)
             rest = (
                 proposals[k].proposal_boxes.tensor
                 if given is None
-                else torch.as_tensor(given, dtype=torch.float32, device=self.device).reshape(-1, 4) * scales[k]
+                else torch.as_tensor(given, dtype=torch.float32, device=scale.device).reshape(-1, 4) * scale
             )
             regions.append(torch.cat([whole, rest]))
-        heads = model.roi_heads
-        pooled = heads._shared_roi_transform([features[f] for f in heads.in_features], [Boxes(r) for r in regions])
-        region_features = pooled.mean(dim=(2, 3))
-        logits, _ = heads.box_predictor(region_features)
+        region_features = self.trunk.region_features(maps, regions)
+        logits, _ = self.model.roi_heads.box_predictor(region_features)
         # detectron2 puts background last; move it to column 0 as the torchvision backend has it.
         probs = logits.softmax(-1)
         probs = torch.cat([probs[:, -1:], probs[:, :-1]], 1)
         out, start = [], 0
-        for k, region in enumerate(regions):
+        for region, scale in zip(regions, scales):
             end = start + len(region)
-            out.append(((region / scales[k]).cpu(), probs[start:end].cpu(), region_features[start:end].cpu()))
+            out.append(((region / scale).cpu(), probs[start:end].cpu(), region_features[start:end].cpu()))
             start = end
         return out
 
 
 def build_backend(config: dict, detector_dir=None, device: str = "cpu") -> RoIBackend:
-    """The backend the preset names, with the preset's box rule."""
+    """The backend the preset names, with the preset's box rule. A detectron2 model is read from the
+    study's detector folder where one is given (`vlbert describe-detector`), else from the preset."""
     options = config.get("detector", {})
     rule = BoxRule(
         **{k: v for k, v in config.get("features", {}).items() if k in ("score_threshold", "min_boxes", "max_boxes")}
     )
-    if options.get("backend", "torchvision") == "detectron2":
-        d2 = options["detectron2"]
-        return Detectron2Backend(d2["config"], d2["weights"], rule, device)
+    if options.get("backend", "torchvision") == BACKEND:
+        if detector_dir is not None:
+            description = read_description(detector_dir)
+        else:
+            description = describe(options["detectron2"]["config"], options["detectron2"]["weights"])
+        return Detectron2Backend(description, rule, device)
     if detector_dir is None:
         raise ValueError("the torchvision backend needs --detector (the folder `vlbert train-detector` wrote)")
     from .model import load_detector

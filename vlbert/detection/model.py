@@ -170,6 +170,25 @@ def save_detector(model: FasterRCNN, config: DetectorConfig, folder) -> None:
     io.write_json(folder / CONFIG_FILE, config.to_json(), indent=2)
 
 
+def read_detector_config(folder) -> dict:
+    """A study's detector folder's config: a trained detector's (`DetectorConfig.to_json()`) or a
+    given detectron2 model's description (`vlbert.detection.detectron2.describe`)."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"detector folder {folder} has no {CONFIG_FILE} (run `vlbert train-detector`, or "
+            "`vlbert describe-detector` for a detectron2 model)"
+        )
+    from ..data.errors import load_json
+
+    return load_json(path, "the detector's config")
+
+
+def visual_sizes(detector: dict) -> tuple[int, int]:
+    """(region feature width, classes with background) of a detector folder's config."""
+    return detector.get("feature_dim") or detector["widths"][3], len(detector["class_names"]) + 1
+
+
 def load_detector(folder, device: str = "cpu") -> tuple[FasterRCNN, DetectorConfig]:
     folder = Path(folder)
     for name in (WEIGHTS_FILE, CONFIG_FILE):

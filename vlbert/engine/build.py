@@ -4,11 +4,10 @@ takes them."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..data.images import load_image
-from ..detection.model import CONFIG_FILE as DETECTOR_CONFIG
+from ..detection.model import read_detector_config, visual_sizes
 from ..modeling import StudyConfig, StudyProcessor
 from ..modeling.configuration_study import END_TOKEN, IMG_TOKEN
 from ..modeling.processing_study import default_tokenizer_path
@@ -31,7 +30,8 @@ def model_config(config_class, preset: dict, bert: str | Path, detector_dir, **o
     from transformers import BertConfig
 
     bert_config = BertConfig.from_pretrained(str(bert))
-    detector = json.loads((Path(detector_dir) / DETECTOR_CONFIG).read_text())
+    detector = read_detector_config(detector_dir)
+    feature_dim, num_classes = visual_sizes(detector)
     # The [IMG] and [END] ids are the checkpoint's tokenizer's (a trained vocabulary puts them elsewhere).
     vocab = load_processor(bert, 8).tokenizer.get_vocab()
     family_fields = preset.get("model", {}).get(config_class.model_type, {})
@@ -39,8 +39,8 @@ def model_config(config_class, preset: dict, bert: str | Path, detector_dir, **o
     return config_class(
         img_token_id=vocab[IMG_TOKEN],
         end_token_id=vocab[END_TOKEN],
-        visual_feature_dim=detector["widths"][3],
-        num_visual_classes=len(detector["class_names"]) + 1,
+        visual_feature_dim=feature_dim,
+        num_visual_classes=num_classes,
         frcnn=detector,
         # A fine-tuning section's dropout overrides BERT's.
         **{**{k: getattr(bert_config, k) for k in SIZE_KEYS + from_bert}, **family_fields, **overrides},

@@ -111,5 +111,11 @@ class PixelBertConfig(StudyConfig):
             return self.image_min_size or RESNET_IMAGE_SIZES[0], self.image_max_size or RESNET_IMAGE_SIZES[1]
         if self.frcnn is None:
             raise ValueError('PixelBertConfig: cnn="detector" needs frcnn, the detector\'s config')
+        if self.frcnn.get("backend") == "detectron2":
+            raise ValueError(
+                'PixelBertConfig: cnn="detector" takes the trunk of a detector the study trained '
+                "(detector.backend: torchvision); with a given detectron2 model, set "
+                "model.pixelbert.cnn: resnet50 in the preset"
+            )
         size = self.image_min_size or self.frcnn["image_size"]
         return size, self.image_max_size or size

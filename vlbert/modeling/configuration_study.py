@@ -21,7 +21,9 @@ class StudyConfig(BertConfig):
         4 * 2 * geometry_wavelengths dimensions.
     num_visual_classes: detector classes including background (masked RoI classification).
     num_answers: VQA answer vocabulary size (0 when there is no VQA head).
-    frcnn: the detector's config (DetectorConfig.to_json()); None: features always come cached.
+    frcnn: the study's detector's config (its folder's `detector_config.json`: a trained detector's
+        DetectorConfig.to_json(), or a detectron2 model's description); None: features always
+        come cached.
     tune_frcnn: whether the Fast R-CNN module receives gradients.
     frozen_frcnn_stages: with tune_frcnn, how many of the trunk's first stages stay frozen: 2, the
         stem and C2, as VL-BERT's released configs (`IMAGE_FROZEN_BACKBONE_STAGES: [1, 2]`).

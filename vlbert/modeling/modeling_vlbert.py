@@ -25,7 +25,7 @@ from torch import nn
 from transformers import BertModel
 
 from .configuration_vlbert import VLBertConfig
-from .fast_rcnn import FastRCNN
+from .fast_rcnn import build_region_cnn
 from .heads import IGNORE_INDEX, PreTrainingHeadMixin, RefCOCOHeadMixin, VCRHeadMixin, VQAHeadMixin, masked_roi_loss
 from .inputs import VisualInputs
 from .pretrained import StudyPreTrainedModel
@@ -83,7 +83,7 @@ class VLBertPreTrainedModel(StudyPreTrainedModel):
     # ---- what the study's builder calls on a new model (every model family has them) ---------
 
     def load_detector(self, detector_dir) -> None:
-        """The Fast R-CNN module's backbone and C5 head from the trained detector."""
+        """The Fast R-CNN module's trunk and C5 head from the study's detector (its folder)."""
         if self.base_model.fast_rcnn is not None:
             self.base_model.fast_rcnn.load_detector_weights(detector_dir)
 
@@ -137,12 +137,8 @@ class VLBertModel(VLBertPreTrainedModel):
         self.visual_embeddings = VLBertVisualEmbeddings(config)
         self.fast_rcnn = None
         if config.frcnn is not None:
-            from ..detection.model import DetectorConfig
-
-            self.fast_rcnn = FastRCNN(
-                DetectorConfig.from_json(config.frcnn),
-                trainable=config.tune_frcnn,
-                frozen_stages=config.frozen_frcnn_stages,
+            self.fast_rcnn = build_region_cnn(
+                config.frcnn, trainable=config.tune_frcnn, frozen_stages=config.frozen_frcnn_stages
             )
         self._initialised_by_head = not initialise
         self.post_init()
@@ -171,7 +167,7 @@ class VLBertModel(VLBertPreTrainedModel):
         out = (
             visual.features.clone()
             if visual.features is not None
-            else visual.boxes.new_zeros(*visual.roi_mask.shape, self.fast_rcnn.config.feature_dim)
+            else visual.boxes.new_zeros(*visual.roi_mask.shape, self.fast_rcnn.feature_dim)
         )
         rows = torch.nonzero(recompute).flatten().tolist()
         if not rows:

@@ -79,6 +79,32 @@ def train_detector(args) -> int:
     return 0
 
 
+def describe_detector(args) -> int:
+    """For `detector.backend: detectron2`: the study's detector folder as a description of the given
+    model (its merged config, the weights' path and identity, its sizes), read downstream as a
+    trained detector's folder is."""
+    from ..config import load_config
+    from ..detection.detectron2 import BACKEND, describe
+    from ..detection.model import CONFIG_FILE
+    from ..io import write_json
+
+    config = load_config(args.config, check_paths_exist=True)
+    options = config.get("detector", {})
+    if options.get("backend", "torchvision") != BACKEND:
+        raise ValueError(
+            f"{args.config}: detector.backend is {options.get('backend', 'torchvision')!r}: the study "
+            "trains its detector (`vlbert train-detector`), there is no given model to describe"
+        )
+    description = describe(options[BACKEND]["config"], options[BACKEND]["weights"])
+    out = Path(args.out) / CONFIG_FILE
+    write_json(out, description, indent=2)
+    print(
+        f"detector: detectron2 model {description['config_file']}, {description['feature_dim']}-d regions, "
+        f"{len(description['class_names'])} classes -> {out}"
+    )
+    return 0
+
+
 def extract_rois(args) -> int:
     """For every image of a data set split: detections by the paper's rule (score > threshold, at
     least min_boxes, at most max_boxes) plus the whole image, or features of given boxes
@@ -498,7 +524,7 @@ def report(args) -> int:
         args.out,
         sweeps,
         vcr_reported if vcr_reported.is_file() else None,
-        detector_metrics=layout.detector / "metrics.json",
+        detector_dir=layout.detector,
         floors_path=layout.floors,
         data_root=config["data"].get("root"),
         features_dir=layout.features,

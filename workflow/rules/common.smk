@@ -81,6 +81,16 @@ DEVICE = str(config.get("device", "auto"))
 # one (the default profile runs one such job at a time; the SLURM profile maps it to --gpus=1:
 # a cluster whose submit host has no GPU needs `device: cuda` to ask for them).
 GPU = 1 if DEVICE.startswith("cuda") or (DEVICE == "auto" and gpu_visible()) else 0
+# The study's detector folder: the Faster R-CNN rule train_detector trains (torchvision), or the
+# description of a given detectron2 model (rule describe_detector). Later rules take its weights,
+# or the description, as their input; the weights' identity is in every store they read.
+DETECTOR_BACKEND = config.get("detector", {}).get("backend", "torchvision")
+DETECTOR = (f"{LAYOUT.detector}/detector.safetensors" if DETECTOR_BACKEND == "torchvision"
+            else f"{LAYOUT.detector}/detector_config.json")
+# What the report says of the detector: the trained one's val metrics, the given one's description.
+DETECTOR_REPORT = f"{LAYOUT.detector}/metrics.json" if DETECTOR_BACKEND == "torchvision" else DETECTOR
+
+
 def data_root(wildcards):
     """The data root: the synthetic world make_data writes, or the real data sets (given, so not
     an input a rule can name). A function, as Snakemake's linter asks of a path param that

@@ -1,28 +1,51 @@
 # The RoI detector and the feature stores every later stage reads.
 
 
-rule train_detector:
-    input:
-        data_outputs(["detector"]),
-    output:
-        weights=f"{LAYOUT.detector}/detector.safetensors",
-        config=f"{LAYOUT.detector}/detector_config.json",
-        metrics=f"{LAYOUT.detector}/metrics.json",
-    log:
-        f"{LAYOUT.logs}/train_detector.log",
-    benchmark:
-        f"{LAYOUT.benchmarks}/train_detector.tsv",
-    params:
-        preset=preset_file(),
-        data=lambda wc: f"{data_root(wc)}/detector",
-        out=lambda wc, output: os.path.dirname(output.weights),
-        depends=depends_on("seed", "detector"),
-    threads: MACHINE_CORES
-    conda:
-        CONDA_ENV
-    shell:
-        "vlbert train-detector --config {params.preset} --data {params.data} "
-        "--out {params.out} --threads {threads} > {log} 2>&1"
+# One rule makes the study's detector folder, as the preset's backend says: the other would make
+# the same file, and Snakemake would take it where the first one's inputs are missing.
+if DETECTOR_BACKEND == "torchvision":
+
+    rule train_detector:
+        input:
+            data_outputs(["detector"]),
+        output:
+            weights=f"{LAYOUT.detector}/detector.safetensors",
+            config=f"{LAYOUT.detector}/detector_config.json",
+            metrics=f"{LAYOUT.detector}/metrics.json",
+        log:
+            f"{LAYOUT.logs}/train_detector.log",
+        benchmark:
+            f"{LAYOUT.benchmarks}/train_detector.tsv",
+        params:
+            preset=preset_file(),
+            data=lambda wc: f"{data_root(wc)}/detector",
+            out=lambda wc, output: os.path.dirname(output.weights),
+            depends=depends_on("seed", "detector"),
+        threads: MACHINE_CORES
+        conda:
+            CONDA_ENV
+        shell:
+            "vlbert train-detector --config {params.preset} --data {params.data} "
+            "--out {params.out} --threads {threads} > {log} 2>&1"
+
+else:
+
+    rule describe_detector:
+        """detector.backend: detectron2: the study's detector folder for the given model (no training)."""
+        input:
+            config=config.get("detector", {}).get("detectron2", {}).get("config", []),
+            weights=config.get("detector", {}).get("detectron2", {}).get("weights", []),
+        output:
+            f"{LAYOUT.detector}/detector_config.json",
+        log:
+            f"{LAYOUT.logs}/describe_detector.log",
+        params:
+            preset=preset_file(),
+            out=lambda wc, output: os.path.dirname(output[0]),
+        conda:
+            CONDA_ENV
+        shell:
+            "vlbert describe-detector --config {params.preset} --out {params.out} > {log} 2>&1"
 
 
 rule extract_rois:
@@ -30,7 +53,7 @@ rule extract_rois:
     cluster); a killed chunk keeps the shards it finished."""
     input:
         data=lambda wc: data_outputs([wc.dataset]),
-        detector=rules.train_detector.output.weights,
+        detector=DETECTOR,
     output:
         f"{LAYOUT.features}/{{dataset}}.{{split}}.{{boxes}}.shards/chunk_{{scatteritem}}.json",
     log:

@@ -10,7 +10,7 @@ rule sweep:
         pretrained=pretrained_input,
         bert=bert_input(),
         features=task_features,
-        detector=rules.train_detector.output.weights,
+        detector=DETECTOR,
     output:
         [str(LAYOUT.sweep_best("{setting}", task)) for task in TASKS],
     wildcard_constraints:

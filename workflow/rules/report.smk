@@ -4,7 +4,7 @@
 rule report:
     input:
         finetune_outputs(),
-        detector_metrics=f"{LAYOUT.detector}/metrics.json",
+        detector=DETECTOR_REPORT,
         floors=str(LAYOUT.floors),
     output:
         table=report(f"{LAYOUT.reports}/table4.md", caption="../report/table4.rst", category="Table 4"),

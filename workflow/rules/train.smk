@@ -35,7 +35,7 @@ rule bert_init:
 rule pretrain:
     input:
         bert=bert_input(),
-        detector=rules.train_detector.output.weights,
+        detector=DETECTOR,
         captions=[f"{LAYOUT.features}/{store.name}.h5" for store in PRETRAINING_STORES.values()],
     output:
         f"{LAYOUT.pretrained('{setting}')}/model.safetensors",
@@ -68,7 +68,7 @@ rule pretrain:
 rule pretrain_seed:
     input:
         bert=bert_input(),
-        detector=rules.train_detector.output.weights,
+        detector=DETECTOR,
         captions=[f"{LAYOUT.features}/{store.name}.h5" for store in PRETRAINING_STORES.values()],
     output:
         f"{LAYOUT.pretrained('{setting}', '{seed}')}/model.safetensors",

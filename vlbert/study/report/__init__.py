@@ -76,7 +76,7 @@ def write_report(  # noqa: PLR0913 - what the report reads: the store, the data,
     out,
     sweep_files: list[Path] = (),
     vcr_val=None,
-    detector_metrics=None,
+    detector_dir=None,
     floors_path=None,
     data_root=None,
     features_dir=None,
@@ -85,8 +85,9 @@ def write_report(  # noqa: PLR0913 - what the report reads: the store, the data,
     are read against (without them, each delta's interval comes from the table's summaries).
     vcr_val: the VCR jsonl of the split Table 4 reports, whose labels Q->AR is scored against
     (no Q->AR without it). floors_path: `vlbert floors`' JSON (no blind floors without it).
-    detector_metrics: `vlbert train-detector`'s metrics.json; by default results/<preset>/detector's,
-    <preset> being the report folder's name (reports/<preset>), as the workflow lays them out."""
+    detector_dir: the study's detector folder (`vlbert train-detector`'s or `vlbert describe-detector`'s);
+    by default results/<preset>/detector, <preset> being the report folder's name (reports/<preset>),
+    as the workflow lays them out."""
     out = Path(out)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     paper = paper_numbers()
@@ -131,7 +132,7 @@ def write_report(  # noqa: PLR0913 - what the report reads: the store, the data,
     write_pretraining(runs, out, pretrain_notes)
     figure_pretraining(uri, runs, out / "figures" / "pretraining_loss.png")
     figure_grounding(uri, runs, out / "figures" / "pretraining_grounding.png")
-    write_detector(detector_metrics or Layout(out.name).detector / "metrics.json", out)
+    write_detector(detector_dir or Layout(out.name).detector, out)
     return {
         "runs": len(runs),
         "finetune_runs": len(finetunes),

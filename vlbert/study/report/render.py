@@ -474,13 +474,26 @@ def ground_truth_table(accuracy: dict) -> list[str]:
     return lines
 
 
-def write_detector(metrics_path, out: Path) -> None:
-    """detector.md: the RoI detector's val mAP and how well it names ground-truth boxes per size,
-    from the metrics `vlbert train-detector` wrote, so that a preset change that degrades the
-    features every later stage reads shows in the report."""
-    metrics_path = Path(metrics_path)
+def write_detector(detector_dir, out: Path) -> None:
+    """detector.md: which detector the study read. A trained one's val mAP and how well it names
+    ground-truth boxes per size, from the metrics `vlbert train-detector` wrote, so that a preset
+    change that degrades the features every later stage reads shows in the report; a given
+    detectron2 model's files, whose quality figures are its own."""
+    detector_dir = Path(detector_dir)
+    metrics_path, config_path = detector_dir / "metrics.json", detector_dir / "detector_config.json"
+    described = json.loads(config_path.read_text()) if config_path.is_file() else {}
     lines = []
-    if not metrics_path.is_file():
+    if described.get("backend") == "detectron2":
+        lines += [
+            "The study read a given detectron2 model and trained none (`detector.backend: detectron2`):",
+            "",
+            f"- config: `{described['config_file']}`",
+            f"- weights: `{described['weights']}` ({described['weights_identity']})",
+            f"- regions: {described['feature_dim']}-d res5 features, {len(described['class_names'])} classes",
+            "",
+            "Its quality figures are the weights' own (their source's), not measured by this study.",
+        ]
+    elif not metrics_path.is_file():
         lines.append(f"No detector metrics at {metrics_path}: the detector was not trained by this study.")
     else:
         metrics = json.loads(metrics_path.read_text())
