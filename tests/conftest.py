@@ -53,6 +53,40 @@ def snakemake_failure(output: str, workdir: Path, lines: int = 40) -> str:
     return "\n".join(parts)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def migrated_mlflow_store(tmp_path_factory):
+    """A new SQLite MLflow store gets its tables as a copy of one migrated once a session (SQLite's
+    backup API, into the file the store just opened), not by running MLflow's ~40 migrations
+    again: 1.4 s a store on 2 cores, and most tests that track open one of their own. The copy is
+    the schema MLflow made, and MLflow verifies it as it opens any store. Jobs in subprocesses (the
+    Snakemake studies) migrate their stores themselves."""
+    import sqlite3
+
+    import mlflow.store.db.utils as db_utils
+
+    migrate = getattr(db_utils, "_initialize_tables", None)
+    if migrate is None:  # another MLflow: every store migrates itself
+        yield
+        return
+    template = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+
+    def initialize_tables(engine):
+        database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+        if not database or database == ":memory:":
+            return migrate(engine)
+        if not template.is_file():
+            import sqlalchemy
+
+            migrate(sqlalchemy.create_engine(f"sqlite:///{template}"))
+        with sqlite3.connect(template) as source, sqlite3.connect(database) as target:
+            source.backup(target)
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(db_utils, "_initialize_tables", initialize_tables)
+    yield
+    monkeypatch.undo()
+
+
 @pytest.fixture(scope="session")
 def smoke_config():
     from vlbert.config import load_config
