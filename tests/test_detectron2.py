@@ -133,14 +133,6 @@ def test_the_report_names_a_given_detector_and_whose_figures_are_its(tmp_path):
     assert "trained none" in text and "the weights' own" in text and "mAP" not in text
 
 
-def test_pixel_bert_says_it_needs_a_trained_detector_s_trunk():
-    from vlbert.modeling import PixelBertConfig
-
-    config = PixelBertConfig(cnn="detector", frcnn={"backend": "detectron2", "feature_dim": 2048, "class_names": []})
-    with pytest.raises(ValueError, match=r"model\.pixelbert\.cnn: resnet50"):
-        _ = config.image_sizes
-
-
 # ---- with detectron2 -------------------------------------------------------------------------
 
 
@@ -198,33 +190,71 @@ def test_vl_bert_s_frozen_trunk_reproduces_extraction_and_trains_past_its_frozen
     assert trained == {"res3", "res4", "res5"}
 
 
+@needs_detectron2
+def test_pixel_bert_reads_a_given_detectron2_model_s_trunk_and_saves_it_once(c4_model, tmp_path):
+    """Pixel-BERT's `cnn: detector` on a given model: its backbone to res4 and res5 with the
+    checkpoint's weights, at the config's sizes and pixel statistics; a checkpoint of it reloads."""
+    from vlbert.modeling import PixelBertConfig, PixelBertModel
+
+    description = describe(*c4_model)
+    folder = _folder(tmp_path, description)
+    config = PixelBertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        frcnn=description,
+        cnn_trainable_layers=1,
+    )
+    assert config.image_sizes == (96, 160)
+    torch.manual_seed(0)
+    model = PixelBertModel(config)
+    model.load_detector(folder)
+    weights = torch.load(c4_model[1], weights_only=False)["model"]
+    cnn = model.cnn
+    for ours, theirs in (
+        ("backbone.body.stem.conv1.weight", "backbone.stem.conv1.weight"),
+        ("layer4.0.conv1.weight", "roi_heads.res5.0.conv1.weight"),
+    ):
+        torch.testing.assert_close(cnn.state_dict()[ours], weights[theirs], rtol=0, atol=0)
+    assert cnn.out_channels == description["feature_dim"] and cnn.stride == 32
+    # res5 trains (cnn_trainable_layers 1), the trunk to res4 is frozen.
+    assert all(p.requires_grad for p in cnn.layer4.parameters())
+    assert not any(p.requires_grad for p in cnn.backbone.parameters())
+    maps, resized = cnn([torch.rand(3, 96, 128), torch.rand(3, 80, 96)])
+    assert maps.shape[:2] == (2, 256) and resized.tolist() == [[96, 128], [96, 115]]
+    model.save_pretrained(tmp_path / "saved")
+    reloaded = PixelBertModel.from_pretrained(tmp_path / "saved")
+    torch.testing.assert_close(reloaded.cnn.state_dict(), cnn.state_dict())
+
+
 @pytest.mark.slow
 @needs_detectron2
-def test_make_reproduce_on_a_detectron2_model_fills_table_4(c4_model, tmp_path):
-    """`make reproduce` (VL-BERT's Table 4) on the smoke world with a given detectron2 model: no
-    detector trained, `full` tunes the model's trunk and fine-tunes on its own features, every
-    Table 4 cell is filled, and the report says which detector ran."""
+def test_both_targets_on_a_detectron2_model_fill_table_4_then_the_systems_table(c4_model, tmp_path):
+    """`make reproduce` (VL-BERT's Table 4), then `make reproduce-systems`, on the smoke world with a
+    given detectron2 model: no detector trained, `full` tunes the model's trunk and fine-tunes on
+    its own features, every Table 4 cell is filled, the report says which detector ran, and the
+    other systems (Pixel-BERT's CNN the model's trunk) fill the systems table."""
     import pandas as pd
 
     preset = tmp_path / "preset.yaml"
     preset.write_text(yaml.safe_dump(detectron2_preset(*c4_model)))
-    env_bin = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": f"{env_bin}:{os.environ['PATH']}"}
-    result = subprocess.run(
-        SNAKEMAKE + ["--configfile", str(preset), "--directory", str(tmp_path), "--config", "systems=[vlbert]"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-    )
-    assert result.returncode == 0, snakemake_failure(result.stderr, tmp_path)
-    results, report = tmp_path / "results/smoke", tmp_path / "reports/smoke"
-    assert not (results / "detector/detector.safetensors").exists()
-    described = json.loads((results / "detector/detector_config.json").read_text())
-    assert described["backend"] == "detectron2" and described["weights"] == str(c4_model[1].resolve())
-    table = pd.read_csv(report / "table4.csv").set_index("setting")
-    columns = [f"{task}_mean" for task in registry.TABLE4_TASKS]
-    assert sorted(table.index) == sorted(s for s in registry.SETTINGS if registry.SETTINGS[s].family == "vlbert")
-    assert table[columns].notna().all().all() and (table[[f"{t}_n" for t in registry.TABLE4_TASKS]] > 0).all().all()
-    assert (results / "features/tuned/full").is_dir()
-    assert "detectron2" in (report / "detector.md").read_text()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    study = SNAKEMAKE + ["--configfile", str(preset), "--directory", str(tmp_path)]
+    for target in (["--config", "systems=[vlbert]"], []):
+        result = subprocess.run(study + target, capture_output=True, text=True, env=env, timeout=1800)
+        assert result.returncode == 0, snakemake_failure(result.stderr, tmp_path)
+        results, report = tmp_path / "results/smoke", tmp_path / "reports/smoke"
+        assert not (results / "detector/detector.safetensors").exists()
+        described = json.loads((results / "detector/detector_config.json").read_text())
+        assert described["backend"] == "detectron2" and described["weights"] == str(c4_model[1].resolve())
+        table = pd.read_csv(report / "table4.csv").set_index("setting")
+        columns = [f"{task}_mean" for task in registry.TABLE4_TASKS]
+        assert sorted(table.index) == sorted(s for s, spec in registry.SETTINGS.items() if spec.family == "vlbert")
+        assert table[columns].notna().all().all()
+        assert (results / "features/tuned/full").is_dir()
+        assert "detectron2" in (report / "detector.md").read_text()
+    systems = pd.read_csv(report / "systems.csv").set_index("setting")
+    others = [s for s, spec in registry.SETTINGS.items() if spec.family != "vlbert"]
+    assert set(others) <= set(systems.index) and systems.loc[others, columns].notna().all().all()

@@ -78,6 +78,7 @@ def describe(config_file, weights_file) -> dict:
         "weights_identity": file_identity(weights_file),
         # res5's output: res2's width doubled at each of three stages.
         "feature_dim": cfg.MODEL.RESNETS.RES2_OUT_CHANNELS * 8,
+        "image_sizes": [cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST],
         "class_names": [str(k) for k in range(1, num_classes + 1)],
         "cfg": cfg.dump(),
     }
@@ -140,6 +141,18 @@ class C4RegionTrunk(nn.Module):
     def stages(self) -> list[nn.Module]:
         """The trunk's stem and stages to C4, in order."""
         return [self.backbone.stem, *self.backbone.stages]
+
+    def normalisation(self) -> tuple[list[float], list[float], bool]:
+        """(mean, std) for float RGB images in [0, 1], in RGB order, and whether the model reads BGR:
+        its config's pixel statistics (0-255, in its input's channel order) for a transform that
+        normalises before the channels are put in the model's order."""
+        mean, std = (self.pixel_mean.flatten() / 255).tolist(), (self.pixel_std.flatten() / 255).tolist()
+        if self.bgr:
+            mean, std = mean[::-1], std[::-1]
+        return mean, std, self.bgr
+
+    def load_weights(self, weights_file, source: str) -> None:
+        load_weights(self, weights_file, source)
 
     def preprocess(self, images: list[torch.Tensor]):
         """images: float RGB [3, H, W] in [0, 1]. Returns detectron2's ImageList and, per image, the

@@ -43,7 +43,8 @@ class PixelBertConfig(StudyConfig):
         it is read (not with the CNN trained: reports/reference/mini/levers.md). Not with
         pixel_standardise.
     cnn: "detector": the detector's trunk (its ResNet to C4, then its C5 stage over the whole map),
-        initialised from the trained detector by `load_detector`; "resnet50": torchvision's
+        initialised from the study's detector by `load_detector` (a trained one, or a given
+        detectron2 C4 model: its backbone to res4 and res5, normalised as its config says); "resnet50": torchvision's
         ResNet-50 to C5, for real images, its ImageNet weights loaded by the caller
         (`cnn.load_resnet_state`), never downloaded.
     cnn_trainable_layers: the CNN's stages that train, counted from its last, as torchvision's
@@ -111,11 +112,8 @@ class PixelBertConfig(StudyConfig):
             return self.image_min_size or RESNET_IMAGE_SIZES[0], self.image_max_size or RESNET_IMAGE_SIZES[1]
         if self.frcnn is None:
             raise ValueError('PixelBertConfig: cnn="detector" needs frcnn, the detector\'s config')
-        if self.frcnn.get("backend") == "detectron2":
-            raise ValueError(
-                'PixelBertConfig: cnn="detector" takes the trunk of a detector the study trained '
-                "(detector.backend: torchvision); with a given detectron2 model, set "
-                "model.pixelbert.cnn: resnet50 in the preset"
-            )
+        if self.frcnn.get("backend") == "detectron2":  # its config's test-time sizes
+            min_size, max_size = self.frcnn["image_sizes"]
+            return self.image_min_size or min_size, self.image_max_size or max_size
         size = self.image_min_size or self.frcnn["image_size"]
         return size, self.image_max_size or size

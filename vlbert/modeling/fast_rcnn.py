@@ -162,10 +162,9 @@ class Detectron2FastRCNN(RegionCNN):
 
     def load_detector_weights(self, detector_dir) -> None:
         """The given weights, as the study's detector folder names them (`vlbert describe-detector`)."""
-        from ..detection.detectron2 import load_weights, read_description
+        from ..detection.detectron2 import read_description
 
-        description = read_description(detector_dir)
-        load_weights(self.trunk, description["weights"], str(detector_dir))
+        self.trunk.load_weights(read_description(detector_dir)["weights"], str(detector_dir))
 
     def region_features(self, images, boxes):
         return self.trunk(images, boxes)

@@ -41,6 +41,7 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops import roi_align
 from transformers import BertModel
 
+from ..detection.detectron2 import is_described
 from ..detection.model import WEIGHTS_FILE, C4Backbone, C5Head, DetectorConfig
 from .configuration_pixelbert import PixelBertConfig
 from .configuration_study import SEGMENT_IMAGE
@@ -102,6 +103,37 @@ def dilate_first_stride(stage: nn.Sequential) -> None:
                 conv.dilation, conv.padding = (2, 2), (2, 2)
 
 
+class Detectron2C4(nn.Module):
+    """A detectron2 C4 model's backbone to res4 (`C4RegionTrunk`), called as C4Backbone is: its
+    stem and stages as `stem`, `layer1` to `layer3`, images normalised in RGB order put in the
+    model's channel order first."""
+
+    def __init__(self, backbone: nn.Module, bgr: bool):
+        super().__init__()
+        self.body, self.bgr = backbone, bgr
+
+    # The stages by C4Backbone's names, not registered twice (a checkpoint holds each weight once).
+    @property
+    def stem(self) -> nn.Module:
+        return self.body.stem
+
+    @property
+    def layer1(self) -> nn.Module:
+        return self.body.stages[0]
+
+    @property
+    def layer2(self) -> nn.Module:
+        return self.body.stages[1]
+
+    @property
+    def layer3(self) -> nn.Module:
+        return self.body.stages[2]
+
+    def forward(self, images: torch.Tensor) -> OrderedDict:
+        (c4,) = self.body(images.flip(1) if self.bgr else images).values()
+        return OrderedDict([("0", c4)])
+
+
 class PixelBertCNN(nn.Module):
     """Images -> their C5 map, batched [B, C, h, w], with the size each image was resized to.
 
@@ -118,8 +150,17 @@ class PixelBertCNN(nn.Module):
     def __init__(self, config: PixelBertConfig):
         super().__init__()
         min_size, max_size = config.image_sizes
-        self.transform = GeneralizedRCNNTransform(min_size, max_size, IMAGE_MEAN, IMAGE_STD)
-        if config.cnn == "detector":
+        mean, std = IMAGE_MEAN, IMAGE_STD
+        if config.cnn == "detector" and is_described(config.frcnn):
+            from ..detection.detectron2 import C4RegionTrunk
+
+            trunk = C4RegionTrunk.build(config.frcnn)
+            mean, std, bgr = trunk.normalisation()
+            self.backbone = Detectron2C4(trunk.backbone, bgr)
+            # res5, run over the whole res4 map instead of the heads' pooled RoIs.
+            self.layer4 = trunk.roi_heads.res5
+            self.out_channels, self.stride = trunk.feature_dim, 2 * trunk.backbone.output_shape()["res4"].stride
+        elif config.cnn == "detector":
             detector = DetectorConfig.from_json(config.frcnn)
             self.backbone = C4Backbone(detector)
             # The detector's C5 stage, run over the whole C4 map instead of its pooled RoIs.
@@ -132,6 +173,7 @@ class PixelBertCNN(nn.Module):
             self.backbone = ResNetC4(resnet)
             self.layer4 = resnet.layer4
             self.out_channels, self.stride = resnet.fc.in_features, 32
+        self.transform = GeneralizedRCNNTransform(min_size, max_size, mean, std)
         if config.c5_dilation:
             dilate_first_stride(self.layer4)
             self.stride //= 2
@@ -362,9 +404,18 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
         """The CNN's weights from the trained detector (a `vlbert train-detector` folder): its
         backbone and C5 stage. A ResNet-50 CNN takes its ImageNet weights from the caller instead
         (`base_model.cnn.load_resnet_state`): nothing to take here."""
-        if self.config.cnn == "detector":
-            state = load_file(str(Path(detector_dir) / WEIGHTS_FILE))
-            self.base_model.cnn.load_detector_state(state, str(detector_dir))
+        if self.config.cnn != "detector":
+            return
+        cnn = self.base_model.cnn
+        if isinstance(cnn.backbone, Detectron2C4):  # a given detectron2 model's checkpoint
+            from ..detection.detectron2 import load_weights, read_description
+
+            view = nn.Module()  # its checkpoint's names: backbone.*, roi_heads.res5.*
+            view.backbone, view.roi_heads = cnn.backbone.body, nn.Module()
+            view.roi_heads.res5 = cnn.layer4
+            load_weights(view, read_description(detector_dir)["weights"], str(detector_dir))
+        else:
+            cnn.load_detector_state(load_file(str(Path(detector_dir) / WEIGHTS_FILE)), str(detector_dir))
 
     def center_appearance(self, mean: torch.Tensor) -> None:
         """Nothing to do: Pixel-BERT has no region appearance features to centre (VL-BERT centres
