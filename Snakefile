@@ -3,6 +3,7 @@
 #
 #   make_data -> train_detector -> extract_rois -> pretrain[setting] -> sweep[setting]
 #                bert_init (embedded default) ---/                         -> finetune[setting, task, seed] -> report
+#   (detector.backend: detectron2: describe_detector, the given model, in train_detector's place)
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"

@@ -58,9 +58,12 @@ def migrated_mlflow_store(tmp_path_factory):
     """A new SQLite MLflow store gets its tables as a copy of one migrated once a session (SQLite's
     backup API, into the file the store just opened), not by running MLflow's ~40 migrations
     again: 1.4 s a store on 2 cores, and most tests that track open one of their own. The copy is
-    the schema MLflow made, and MLflow verifies it as it opens any store. Jobs in subprocesses (the
-    Snakemake studies) migrate their stores themselves."""
+    the schema MLflow made, and MLflow verifies it as it opens any store. Only a database with no
+    table at all is filled so; any other (an older schema, a half-made one) migrates as MLflow
+    would. Jobs in subprocesses (the Snakemake studies) migrate their stores themselves."""
+    import contextlib
     import sqlite3
+    import threading
 
     import mlflow.store.db.utils as db_utils
 
@@ -69,16 +72,30 @@ def migrated_mlflow_store(tmp_path_factory):
         yield
         return
     template = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    lock = threading.Lock()
+
+    def tables(database) -> int:
+        with contextlib.closing(sqlite3.connect(database)) as db:
+            return db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
 
     def initialize_tables(engine):
-        database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
-        if not database or database == ":memory:":
+        url = engine.url
+        database = url.database if url.get_backend_name() == "sqlite" and not url.query else None
+        if not database or database == ":memory:" or tables(database):
             return migrate(engine)
-        if not template.is_file():
-            import sqlalchemy
+        with lock:
+            if not template.is_file():  # made aside, then moved in whole: never a half-made template
+                import sqlalchemy
 
-            migrate(sqlalchemy.create_engine(f"sqlite:///{template}"))
-        with sqlite3.connect(template) as source, sqlite3.connect(database) as target:
+                making = template.with_suffix(".making")
+                made = sqlalchemy.create_engine(f"sqlite:///{making}")
+                migrate(made)
+                made.dispose()
+                os.replace(making, template)
+        with (
+            contextlib.closing(sqlite3.connect(template)) as source,
+            contextlib.closing(sqlite3.connect(database)) as target,
+        ):
             source.backup(target)
 
     monkeypatch = pytest.MonkeyPatch()

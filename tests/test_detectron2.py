@@ -137,17 +137,29 @@ def test_the_report_names_a_given_detector_and_whose_figures_are_its(tmp_path):
 
 
 @needs_detectron2
-def test_description_refuses_what_is_not_a_c4_model_and_weights_that_do_not_fit(c4_model, tmp_path):
+def test_description_refuses_what_is_not_a_c4_model_a_fork_s_key_and_weights_that_do_not_fit(c4_model, tmp_path):
     config_file, weights = c4_model
     fpn = yaml.safe_load(config_file.read_text())
     fpn["MODEL"]["ROI_HEADS"]["NAME"] = "StandardROIHeads"
     (tmp_path / "fpn.yaml").write_text(yaml.safe_dump(fpn))
     with pytest.raises(ValueError, match=r"fpn\.yaml: the study reads a C4 Faster R-CNN"):
         describe(tmp_path / "fpn.yaml", weights)
+    # bottom-up-attention's fork: a caffe max-pool stock detectron2 would build without
+    fork = yaml.safe_load(config_file.read_text())
+    fork["MODEL"]["RESNETS"]["CAFFE_MAXPOOL"] = True
+    (tmp_path / "fork.yaml").write_text(yaml.safe_dump(fork))
+    with pytest.raises(ValueError, match=r"fork\.yaml: .*CAFFE_MAXPOOL.*a fork of detectron2"):
+        describe(tmp_path / "fork.yaml", weights)
     torch.save({"model": {"backbone.stem.conv1.weight": torch.zeros(1)}}, tmp_path / "other.pth")
-    description = describe(config_file, tmp_path / "other.pth")
     with pytest.raises(ValueError, match=r"other\.pth do not fit the detectron2 model"):
-        build_backend({**SMOKE, "detector": {"backend": "detectron2"}}, _folder(tmp_path, description))
+        describe(config_file, tmp_path / "other.pth")
+    # Weights changed after they were described: the stores were extracted with the others.
+    copied = tmp_path / "model.pth"
+    copied.write_bytes(weights.read_bytes())
+    folder = _folder(tmp_path, describe(config_file, copied))
+    copied.write_bytes(weights.read_bytes() + b"\0")
+    with pytest.raises(ValueError, match=r"model\.pth are not those `vlbert describe-detector` recorded"):
+        build_backend({**SMOKE, "detector": {"backend": "detectron2"}}, folder)
 
 
 def _folder(tmp_path, description) -> Path:
@@ -188,6 +200,51 @@ def test_vl_bert_s_frozen_trunk_reproduces_extraction_and_trains_past_its_frozen
     masked[0].sum().backward()
     trained = {name.split(".")[2] for name, p in trunk.named_parameters() if p.grad is not None}
     assert trained == {"res3", "res4", "res5"}
+    # The study's setting decides what stays frozen, not the config's FREEZE_AT (2).
+    everything = build_region_cnn(description, trainable=True, frozen_stages=0)
+    assert {name.split(".")[2] for name, p in everything.named_parameters() if p.requires_grad} == {
+        "stem",
+        "res2",
+        "res3",
+        "res4",
+        "res5",
+    }
+
+
+@needs_detectron2
+def test_the_trunk_and_pixel_bert_read_pixels_as_detectron2_does(c4_model, tmp_path):
+    """Channel order, scale and statistics: on images at the config's test size (no resize), the
+    trunk's res4 map is detectron2's own (its model's `preprocess_image`), and so is Pixel-BERT's."""
+    from detectron2.modeling import build_model
+
+    from vlbert.detection.detectron2 import C4RegionTrunk, load_cfg
+    from vlbert.modeling import PixelBertConfig, PixelBertModel
+
+    description = describe(*c4_model)
+    model = build_model(load_cfg(description["cfg"])).eval()
+    trunk = C4RegionTrunk.build(description)
+    trunk.load_state_dict(model.state_dict(), strict=False)
+    torch.manual_seed(0)
+    images = [torch.rand(3, 96, 128), torch.rand(3, 96, 128)]
+    with torch.no_grad():
+        theirs = model.backbone(model.preprocess_image([{"image": i.flip(0) * 255} for i in images]).tensor)["res4"]
+        ours = trunk.backbone(trunk.preprocess(images)[0].tensor)["res4"]
+        torch.testing.assert_close(ours, theirs)
+        config = PixelBertConfig(
+            vocab_size=30522,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            frcnn=description,
+        )
+        cnn = PixelBertModel(config).cnn.eval()
+        cnn.backbone.body.load_state_dict(model.backbone.state_dict())
+        pixel_bert = cnn.backbone(cnn.transform(images)[0].tensors)["0"]
+        # The statistics applied in [0, 1] instead of [0, 255]: float32 rounding, grown through
+        # the untrained trunk, moves a few cells by about 1e-3 of the map's range.
+        torch.testing.assert_close(pixel_bert, theirs, rtol=0, atol=2e-3 * float(theirs.abs().max()))
+        assert float((pixel_bert - theirs).abs().mean()) < 1e-5 * float(theirs.abs().max())
 
 
 @needs_detectron2

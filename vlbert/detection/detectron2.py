@@ -40,18 +40,24 @@ def is_described(description: dict) -> bool:
 
 
 def load_cfg(text: str | None = None, path=None):
-    """detectron2's defaults merged with a config's YAML `text` or file `path`. Keys detectron2 does
-    not know (bottom-up-attention's attribute head) are kept, not refused: the model built from the
-    config leaves them unused."""
+    """detectron2's defaults merged with a config's YAML `text` or file `path`. A key detectron2
+    does not know is refused, naming it: a fork's key (bottom-up-attention's caffe max-pool, its
+    res5 halving) changes the model, and stock detectron2 would build another one without it."""
     _import_detectron2()
     from detectron2.config import CfgNode, get_cfg
 
     cfg = get_cfg()
-    cfg.set_new_allowed(True)
-    if path is not None:
-        cfg.merge_from_file(str(path))
-    else:
-        cfg.merge_from_other_cfg(CfgNode.load_cfg(text))
+    try:
+        if path is not None:
+            cfg.merge_from_file(str(path))
+        else:
+            cfg.merge_from_other_cfg(CfgNode.load_cfg(text))
+    except KeyError as exc:
+        where = path or "the detector's description"
+        raise ValueError(
+            f"{where}: {exc.args[0]}: a key stock detectron2 does not have (a config of a fork of "
+            "detectron2 needs that fork's model)"
+        ) from None
     return cfg
 
 
@@ -71,6 +77,11 @@ def describe(config_file, weights_file) -> dict:
             f"whose res5 stage makes the regions' features), not {cfg.MODEL.META_ARCHITECTURE} with {heads}"
         )
     num_classes = cfg.MODEL.ROI_HEADS.NUM_CLASSES
+    # The model once, with its weights: a file that does not fit fails here, not in every extraction job.
+    from detectron2.modeling import build_model
+
+    cfg.MODEL.DEVICE = "cpu"
+    load_weights(build_model(cfg), weights_file, str(config_file))
     return {
         "backend": BACKEND,
         "config_file": str(config_file),
@@ -82,6 +93,20 @@ def describe(config_file, weights_file) -> dict:
         "class_names": [str(k) for k in range(1, num_classes + 1)],
         "cfg": cfg.dump(),
     }
+
+
+def described_weights(description: dict, source) -> Path:
+    """The weights file a description names, refused if it is no longer the file described."""
+    from ..io import file_identity
+
+    weights = Path(description["weights"])
+    if file_identity(weights) != description["weights_identity"]:
+        raise ValueError(
+            f"{source}: the weights {weights} are not those `vlbert describe-detector` recorded "
+            f"({description['weights_identity']}): describe the detector again (the study's stores "
+            "were extracted with the recorded ones)"
+        )
+    return weights
 
 
 def load_weights(model: nn.Module, weights_file, source: str) -> None:
@@ -133,6 +158,9 @@ class C4RegionTrunk(nn.Module):
 
         cfg = load_cfg(description["cfg"])
         cfg.MODEL.DEVICE = "cpu"
+        # Every stage trainable as built: the study's own setting says which stay frozen
+        # (frozen_frcnn_stages, cnn_trainable_layers), not the config's FREEZE_AT.
+        cfg.MODEL.BACKBONE.FREEZE_AT = 0
         backbone = build_backbone(cfg)
         roi_heads = build_roi_heads(cfg, backbone.output_shape())
         del roi_heads.box_predictor  # the features are res5's: nothing reads the classes here
@@ -151,8 +179,8 @@ class C4RegionTrunk(nn.Module):
             mean, std = mean[::-1], std[::-1]
         return mean, std, self.bgr
 
-    def load_weights(self, weights_file, source: str) -> None:
-        load_weights(self, weights_file, source)
+    def load_described_weights(self, description: dict, source) -> None:
+        load_weights(self, described_weights(description, source), str(source))
 
     def preprocess(self, images: list[torch.Tensor]):
         """images: float RGB [3, H, W] in [0, 1]. Returns detectron2's ImageList and, per image, the

@@ -13,8 +13,15 @@ __all__ = ["DETECTOR_ATTR", "detector_weights", "study_detector", "weights_ident
 
 
 def detector_weights(config: dict, detector_dir) -> Path:
-    """The weights file extraction runs: detectron2's, else the trained detector's."""
+    """The weights file extraction runs: a given detectron2 model's (as the study's detector folder
+    describes it, else as the preset names it), else the trained detector's."""
     if config.get("detector", {}).get("backend") == "detectron2":
+        from .model import CONFIG_FILE
+
+        if detector_dir is not None and (Path(detector_dir) / CONFIG_FILE).is_file():
+            from .detectron2 import read_description
+
+            return Path(read_description(detector_dir)["weights"])
         return Path(config["detector"]["detectron2"]["weights"])
     from .model import WEIGHTS_FILE
 

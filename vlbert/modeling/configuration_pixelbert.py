@@ -60,7 +60,8 @@ class PixelBertConfig(StudyConfig):
     image_min_size, image_max_size: images are resized so that their shorter side is
         `image_min_size` unless their longer side would pass `image_max_size`. None: the detector's
         `image_size` (cnn="detector"; the longer side then defaults to the shorter's, as the
-        detector resizes), the paper's 800 and 1333 (cnn="resnet50").
+        detector resizes), a given detectron2 model's test sizes (`INPUT.MIN_SIZE_TEST`,
+        `MAX_SIZE_TEST`), the paper's 800 and 1333 (cnn="resnet50").
     """
 
     model_type = "pixelbert"

@@ -1,10 +1,12 @@
 """The Fast R-CNN module inside VL-BERT: backbone to C4, RoIAlign, C5 head.
 
-Built from the same pieces as the RoI detector (vlbert.detection.model) and initialised from its
-weights, so with the module frozen and nothing masked it reproduces the cached features of the
-HDF5 store. A masked RoI has its pixels zeroed before the backbone, so nothing inside it can
-reach any output. BatchNorm stays frozen (running statistics, no affine updates), as is usual
-when fine-tuning a detector with small batches.
+`FastRCNN` is built from the same pieces as the trained RoI detector (vlbert.detection.model),
+`Detectron2FastRCNN` from a given detectron2 C4 model's (vlbert.detection.detectron2); each is
+initialised from its detector's weights, so with the module frozen and nothing masked it
+reproduces the cached features of the HDF5 store (for images batched alike). A masked RoI has its
+pixels zeroed before the backbone, so nothing inside it can reach any output. BatchNorm stays
+frozen (running statistics, no affine updates), as is usual when fine-tuning a detector with small
+batches.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ class Detectron2FastRCNN(RegionCNN):
         """The given weights, as the study's detector folder names them (`vlbert describe-detector`)."""
         from ..detection.detectron2 import read_description
 
-        self.trunk.load_weights(read_description(detector_dir)["weights"], str(detector_dir))
+        self.trunk.load_described_weights(read_description(detector_dir), detector_dir)
 
     def region_features(self, images, boxes):
         return self.trunk(images, boxes)

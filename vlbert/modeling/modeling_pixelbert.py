@@ -137,12 +137,13 @@ class Detectron2C4(nn.Module):
 class PixelBertCNN(nn.Module):
     """Images -> their C5 map, batched [B, C, h, w], with the size each image was resized to.
 
-    Resizing and normalisation are FastRCNN's (GeneralizedRCNNTransform, ImageNet statistics;
-    the batch is padded at the bottom and right to a multiple of 32). BatchNorm stays frozen
-    (running statistics, no affine updates), as in FastRCNN; the other weights of the last
-    `cnn_trainable_layers` stages train. With the trunk to C4 frozen, an image given with a key
-    (its path) has the frozen part's output computed once, without autograd, and kept (up to
-    `PIXEL_MAP_CACHE_BYTES`): its C4 map when C5 trains, its C5 map when nothing does."""
+    Resizing and normalisation are FastRCNN's (GeneralizedRCNNTransform, ImageNet statistics, or
+    a given detectron2 model's pixel statistics and channel order; the batch is padded at the
+    bottom and right to a multiple of 32). BatchNorm stays frozen (running statistics, no affine
+    updates), as in FastRCNN; the other weights of the last `cnn_trainable_layers` stages train.
+    With the trunk to C4 frozen, an image given with a key (its path) has the frozen part's output
+    computed once, without autograd, and kept (up to `PIXEL_MAP_CACHE_BYTES`): its C4 map when C5
+    trains, its C5 map when nothing does."""
 
     # A pre-trained CNN trained end to end under a transformer's rate: the option that scales it.
     lr_factor_option = "cnn_lr_factor"
@@ -408,12 +409,12 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
             return
         cnn = self.base_model.cnn
         if isinstance(cnn.backbone, Detectron2C4):  # a given detectron2 model's checkpoint
-            from ..detection.detectron2 import load_weights, read_description
+            from ..detection.detectron2 import described_weights, load_weights, read_description
 
             view = nn.Module()  # its checkpoint's names: backbone.*, roi_heads.res5.*
             view.backbone, view.roi_heads = cnn.backbone.body, nn.Module()
             view.roi_heads.res5 = cnn.layer4
-            load_weights(view, read_description(detector_dir)["weights"], str(detector_dir))
+            load_weights(view, described_weights(read_description(detector_dir), detector_dir), str(detector_dir))
         else:
             cnn.load_detector_state(load_file(str(Path(detector_dir) / WEIGHTS_FILE)), str(detector_dir))
 
