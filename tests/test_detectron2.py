@@ -162,6 +162,14 @@ def test_description_refuses_what_is_not_a_c4_model_a_fork_s_key_and_weights_tha
         build_backend({**SMOKE, "detector": {"backend": "detectron2"}}, folder)
 
 
+def tiny_pixel_bert(description: dict, **overrides):
+    """A one-layer Pixel-BERT whose CNN is the described model's trunk."""
+    from vlbert.modeling import PixelBertConfig
+
+    sizes = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    return PixelBertConfig(**sizes, frcnn=description, **overrides)
+
+
 def _folder(tmp_path, description) -> Path:
     folder = tmp_path / "detector"
     folder.mkdir(exist_ok=True)
@@ -218,7 +226,7 @@ def test_the_trunk_and_pixel_bert_read_pixels_as_detectron2_does(c4_model, tmp_p
     from detectron2.modeling import build_model
 
     from vlbert.detection.detectron2 import C4RegionTrunk, load_cfg
-    from vlbert.modeling import PixelBertConfig, PixelBertModel
+    from vlbert.modeling import PixelBertModel
 
     description = describe(*c4_model)
     model = build_model(load_cfg(description["cfg"])).eval()
@@ -230,15 +238,7 @@ def test_the_trunk_and_pixel_bert_read_pixels_as_detectron2_does(c4_model, tmp_p
         theirs = model.backbone(model.preprocess_image([{"image": i.flip(0) * 255} for i in images]).tensor)["res4"]
         ours = trunk.backbone(trunk.preprocess(images)[0].tensor)["res4"]
         torch.testing.assert_close(ours, theirs)
-        config = PixelBertConfig(
-            vocab_size=30522,
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-            frcnn=description,
-        )
-        cnn = PixelBertModel(config).cnn.eval()
+        cnn = PixelBertModel(tiny_pixel_bert(description)).cnn.eval()
         cnn.backbone.body.load_state_dict(model.backbone.state_dict())
         pixel_bert = cnn.backbone(cnn.transform(images)[0].tensors)["0"]
         # The statistics applied in [0, 1] instead of [0, 255]: float32 rounding, grown through
@@ -251,19 +251,11 @@ def test_the_trunk_and_pixel_bert_read_pixels_as_detectron2_does(c4_model, tmp_p
 def test_pixel_bert_reads_a_given_detectron2_model_s_trunk_and_saves_it_once(c4_model, tmp_path):
     """Pixel-BERT's `cnn: detector` on a given model: its backbone to res4 and res5 with the
     checkpoint's weights, at the config's sizes and pixel statistics; a checkpoint of it reloads."""
-    from vlbert.modeling import PixelBertConfig, PixelBertModel
+    from vlbert.modeling import PixelBertModel
 
     description = describe(*c4_model)
     folder = _folder(tmp_path, description)
-    config = PixelBertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        frcnn=description,
-        cnn_trainable_layers=1,
-    )
+    config = tiny_pixel_bert(description, cnn_trainable_layers=1)
     assert config.image_sizes == (96, 160)
     torch.manual_seed(0)
     model = PixelBertModel(config)

@@ -139,15 +139,14 @@ class Detectron2Backend(_RegionBackend):
     proposals, its box predictor's classes, and the regions' features of `C4RegionTrunk`."""
 
     def __init__(self, description: dict, rule: BoxRule, device: str = "cpu"):
-        from .detectron2 import C4RegionTrunk, described_weights, load_cfg, load_weights
+        from .detectron2 import C4RegionTrunk, load_cfg, load_described
 
         cfg = load_cfg(description["cfg"])  # says how to get detectron2 where it is missing
         from detectron2.modeling import build_model
 
         cfg.MODEL.DEVICE = device
         self.model = build_model(cfg).eval()
-        source = description.get("config_file", "detector")
-        load_weights(self.model, described_weights(description, source), source)
+        load_described(self.model, description, description.get("config_file", "detector"))
         self.trunk = C4RegionTrunk(cfg, self.model.backbone, self.model.roi_heads).to(device)
         self.rule, self.device = rule, device
         self.class_names = list(description["class_names"])

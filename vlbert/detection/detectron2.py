@@ -95,8 +95,9 @@ def describe(config_file, weights_file) -> dict:
     }
 
 
-def described_weights(description: dict, source) -> Path:
-    """The weights file a description names, refused if it is no longer the file described."""
+def load_described(model: nn.Module, description: dict, source) -> None:
+    """The weights a description names into `model` (`load_weights`), refused if the file is no
+    longer the one described."""
     from ..io import file_identity
 
     weights = Path(description["weights"])
@@ -106,7 +107,7 @@ def described_weights(description: dict, source) -> Path:
             f"({description['weights_identity']}): describe the detector again (the study's stores "
             "were extracted with the recorded ones)"
         )
-    return weights
+    load_weights(model, weights, str(source))
 
 
 def load_weights(model: nn.Module, weights_file, source: str) -> None:
@@ -178,9 +179,6 @@ class C4RegionTrunk(nn.Module):
         if self.bgr:
             mean, std = mean[::-1], std[::-1]
         return mean, std, self.bgr
-
-    def load_described_weights(self, description: dict, source) -> None:
-        load_weights(self, described_weights(description, source), str(source))
 
     def preprocess(self, images: list[torch.Tensor]):
         """images: float RGB [3, H, W] in [0, 1]. Returns detectron2's ImageList and, per image, the

@@ -164,9 +164,9 @@ class Detectron2FastRCNN(RegionCNN):
 
     def load_detector_weights(self, detector_dir) -> None:
         """The given weights, as the study's detector folder names them (`vlbert describe-detector`)."""
-        from ..detection.detectron2 import read_description
+        from ..detection.detectron2 import load_described, read_description
 
-        self.trunk.load_described_weights(read_description(detector_dir), detector_dir)
+        load_described(self.trunk, read_description(detector_dir), detector_dir)
 
     def region_features(self, images, boxes):
         return self.trunk(images, boxes)

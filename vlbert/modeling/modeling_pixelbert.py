@@ -409,12 +409,12 @@ class PixelBertPreTrainedModel(StudyPreTrainedModel):
             return
         cnn = self.base_model.cnn
         if isinstance(cnn.backbone, Detectron2C4):  # a given detectron2 model's checkpoint
-            from ..detection.detectron2 import described_weights, load_weights, read_description
+            from ..detection.detectron2 import load_described, read_description
 
             view = nn.Module()  # its checkpoint's names: backbone.*, roi_heads.res5.*
             view.backbone, view.roi_heads = cnn.backbone.body, nn.Module()
             view.roi_heads.res5 = cnn.layer4
-            load_weights(view, described_weights(read_description(detector_dir), detector_dir), str(detector_dir))
+            load_described(view, read_description(detector_dir), detector_dir)
         else:
             cnn.load_detector_state(load_file(str(Path(detector_dir) / WEIGHTS_FILE)), str(detector_dir))
 
