@@ -1,21 +1,22 @@
-"""Benchmark: two runs of the study, cell by cell, against the issues' reproducibility bars.
+"""Benchmark: two runs of the study against the two-runs bar, and what one run predicts for a second.
 
 Reads two report folders (`reports/<preset>/` of two fresh runs: two machines, or one thread against
-two, or a committed reference report) and prints, for every Table 4 cell (and every systems-table
-cell both runs have), the two means, their difference, the standard error of that difference (from
-each cell's reported-split SE) and whether the difference is within two of them; beside it the SE
-of the difference that the seeds' own spread gives (each cell a mean over its seeds: a second set
-of seeds of the same checkpoints moves it by about that much) and whether the difference is within
-two of the larger of the two SEs, the noise the issues judge findings against. Then whether each
-of the paper's findings, each per-task judgement behind it, and each data-fraction gap comes out
-the same. The bars: every cell within two SEs of the other run's, and the same findings.
+two, or a committed reference report). Cell by cell (Table 4, and the systems table where both have
+it): the two means, their difference, the standard error of that difference (from each cell's
+reported-split SE) and whether it is within two of them; beside it the SE of the difference the
+seeds' spread gives, and what that spread alone predicts (the chance two runs land within two SEs).
+Then every delta the reports state with a 95% interval (the findings' task deltas, the
+data-fraction gaps): whether the two intervals overlap and whether the verdicts (helps, hurts, not
+shown) match. The bar: at least 95% of the intervals overlap, and no delta helps in one run and
+hurts in the other.
 
-Per system it also prints what the seeds' spread alone predicts for that bar: if two runs of a
-cell differed only by their seeds (each seed its own pre-training, where the preset says so), the
-chance that they land within two SEs of the difference, the count of cells expected within, the
-chance that every cell is, and how many seeds a cell would need for even odds of every cell.
+From the first run alone it then predicts, per stated delta, the chance that a second run with as
+many seeds gives its verdict again, and the fewest seeds a setting at which a second run would show
+the delta with its sign 80% of the time (vlbert/study/report/intervals.py, `repeat_chance`). Given
+one folder, it prints that prediction only.
 
     python bench/reproducibility.py reports/reference/mini reports/mini
+    python bench/reproducibility.py reports/reference/mini
 """
 
 from __future__ import annotations
@@ -160,6 +161,91 @@ def compare_findings(a: dict, b: dict) -> list[dict]:
     return rows
 
 
+def stated_deltas(report: Path) -> pd.DataFrame:
+    """Every delta the report states with an interval: the findings' task deltas (findings.json,
+    systems_findings.json) and the data-fraction gaps, one row each with what its interval was made
+    from (the parts and degrees of freedom; nan in a report written before they were kept)."""
+    rows = []
+    for name in ("findings.json", "systems_findings.json"):
+        for key, finding in findings(report, name).items():
+            for task in finding["tasks"]:
+                seeds = min(task.get("seeds") or [0])
+                rows.append({"delta_of": key, "task": task["task"], **_interval_parts(task, seeds)})
+    path = report / "data_fractions.csv"
+    if path.is_file():
+        for gap in pd.read_csv(path).to_dict("records"):
+            if gap["fraction"] == 1.0 and rows:
+                continue  # the whole set's gap is the findings' `full` - `no_pretrain`: counted once
+            seeds = int(min(gap["full_n"], gap["no_pretrain_n"]))
+            parts = _interval_parts({**gap, "delta": gap["gap"]}, seeds)
+            rows.append({"delta_of": f"fraction {gap['fraction']:g}", "task": gap["task"], **parts})
+    return pd.DataFrame(rows)
+
+
+def _interval_parts(entry: dict, seeds: int) -> dict:
+    parts = {k: entry.get(k, math.nan) for k in ("delta", "low", "high", "seed_se", "item_se", "df")}
+    parts = {k: math.nan if v is None else float(v) for k, v in parts.items()}
+    return {**parts, "seeds": seeds, "verdict": judgement(entry)}
+
+
+def predict_repeats(deltas: pd.DataFrame, chance: float = 0.8) -> pd.DataFrame:
+    """Per delta, from this run alone: the chance that a second run with as many seeds gives its
+    verdict again, and the fewest seeds a setting at which a second run shows it with its sign with
+    `chance` (intervals.repeat_chance and seeds_to_show: the delta's truth as uncertain as its
+    interval says, the second run's seed part shrinking with its seeds, its items' part not)."""
+    from vlbert.study.report.intervals import repeat_chance, seeds_to_show
+
+    out = deltas.copy()
+    args = [(r["delta"], r["seed_se"], r["item_se"], r["df"], r["seeds"]) for r in deltas.to_dict("records")]
+    out["repeats"] = [repeat_chance(*a, target=v) for a, v in zip(args, deltas["verdict"])]
+    out[f"seeds_for_{chance:.0%}"] = [
+        None if any(math.isnan(x) for x in a[:4]) else seeds_to_show(*a, chance=chance) for a in args
+    ]
+    return out
+
+
+def print_predictions(report: Path) -> None:
+    deltas = stated_deltas(report)
+    if deltas.empty or deltas["seed_se"].isna().all():
+        print(f"\n{report}: no delta with its interval's parts (a report written before they were kept)")
+        return
+    predicted = predict_repeats(deltas)
+    column = predicted.columns[-1]
+    print(
+        f"\nWhat {report} predicts for a second run (repeats: the chance its verdict comes again with as many"
+        f" seeds; {column}: the fewest seeds a setting for a second run to show the delta with its sign that often,"
+        " '-' if no count up to 100 does):"
+    )
+    shown = predicted[["delta_of", "task", "delta", "low", "high", "verdict", "repeats", column]]
+    shown[column] = shown[column].map(lambda n: "-" if n is None or pd.isna(n) else str(int(n)))
+    print(shown.round(2).to_string(index=False))
+    shown_ones = predicted[predicted["verdict"] != "not shown"]
+    print(
+        f"expected to repeat: {predicted['repeats'].sum():.1f} of {predicted['repeats'].notna().sum()} verdicts;"
+        f" of its shown ones (helps or hurts) {shown_ones['repeats'].sum():.1f} of {len(shown_ones)}"
+    )
+
+
+def compare_stated(a: Path, b: Path) -> None:
+    """The two-runs bar over every stated delta both runs have: their intervals overlap (at least 95%
+    of them) and none helps in one run and hurts in the other."""
+    both = stated_deltas(a).merge(stated_deltas(b), on=["delta_of", "task"], suffixes=("_a", "_b"))
+    both = both.rename(columns={"verdict_a": "judged_a", "verdict_b": "judged_b"})
+    both["overlap"] = [
+        overlap(dict(low=r["low_a"], high=r["high_a"]), dict(low=r["low_b"], high=r["high_b"]))
+        for r in both.to_dict("records")
+    ]
+    known = both["overlap"].dropna()
+    if known.empty:
+        return
+    same = int((both["judged_a"] == both["judged_b"]).sum())
+    print(
+        f"\nevery stated delta (the findings' and the data-fraction gaps): intervals overlapping {int(known.sum())} of"
+        f" {len(known)} ({known.mean():.0%}; the bar: at least 95%); the same verdict {same} of {len(both)};"
+        f" helps in one run and hurts in the other: {flipped(both)}"
+    )
+
+
 def flipped(rows: pd.DataFrame) -> int:
     """Deltas that one run says help and the other hurt."""
     return int(
@@ -173,9 +259,12 @@ def flipped(rows: pd.DataFrame) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a", type=Path, help="one run's report folder (reports/<preset>)")
-    parser.add_argument("b", type=Path, help="the other run's")
+    parser.add_argument("b", type=Path, nargs="?", help="the other run's (without it: what the one run predicts)")
     args = parser.parse_args()
     pd.set_option("display.width", 200)
+    if args.b is None:
+        print_predictions(args.a)
+        return
 
     cells = compare_cells(
         pd.concat([table4_cells(args.a), systems_cells(args.a).query("system != 'vlbert'")]),
@@ -231,6 +320,9 @@ def main() -> None:
         print(
             f"the same verdict: {same} of {len(both)} gaps; helps in one run and hurts in the other: {flipped(both)}"
         )
+
+    compare_stated(args.a, args.b)
+    print_predictions(args.a)
 
 
 if __name__ == "__main__":

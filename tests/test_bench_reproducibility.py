@@ -104,3 +104,37 @@ def test_what_the_seeds_spread_predicts_for_the_bar():
         "vlbert: from the seeds' spread alone: 19.1 of 24 cells expected within two SEs, every cell with chance "
         "0.002; even odds of every cell need 23 seeds a cell" in out
     )
+
+
+def test_every_stated_delta_is_compared_once_and_the_bar_is_printed(tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(REFERENCE, moved, ignore=shutil.ignore_patterns("figures"))
+    # One data-fraction gap's interval moved clear of the reference's: 1 of the stated deltas no longer overlaps.
+    gaps = pd.read_csv(moved / "data_fractions.csv")
+    row = (gaps["task"] == "vqa") & (gaps["fraction"] == 0.1)
+    gaps.loc[row, ["gap", "low", "high", "verdict"]] = [40.0, 35.0, 45.0, "helps"]
+    gaps.to_csv(moved / "data_fractions.csv", index=False)
+    bench = _bench_module()
+    stated = bench.stated_deltas(REFERENCE)
+    findings_deltas = sum(
+        len(f["tasks"])
+        for name in ("findings.json", "systems_findings.json")
+        for f in json.loads((REFERENCE / name).read_text())
+    )
+    # the whole set's gap is the `full` - `no_pretrain` finding: counted once
+    assert len(stated) == findings_deltas + int((gaps["fraction"] < 1).sum())
+    n = len(stated)
+    out = run(REFERENCE, moved)
+    assert f"intervals overlapping {n - 1} of {n} " in out and "helps in one run and hurts in the other: 0" in out
+
+
+def test_one_run_predicts_what_a_second_repeats():
+    result = subprocess.run([sys.executable, str(BENCH), str(REFERENCE)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bench = _bench_module()
+    predicted = bench.predict_repeats(bench.stated_deltas(REFERENCE))
+    assert predicted["repeats"].between(0, 1).all()
+    # A delta shown by a wide margin for its spread repeats more often than one barely shown.
+    by = predicted.set_index(["delta_of", "task"])["repeats"]
+    assert by[("two_vs_single_stream", "vcr_qa2r")] > 0.9 > by[("mlm_helps", "vcr_qa2r")]
+    assert f"expected to repeat: {predicted['repeats'].sum():.1f} of {len(predicted)} verdicts" in result.stdout

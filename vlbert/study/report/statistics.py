@@ -210,6 +210,11 @@ def controls(table: pd.DataFrame, floors: dict, settings=TABLE4_SETTINGS) -> pd.
     return pd.DataFrame(records)
 
 
+# A gap's interval as data_fractions.csv holds it: its bounds, P(A>B), and the parts a second run's
+# chance of repeating its verdict is predicted from (bench/reproducibility.py).
+GAP_INTERVAL = ("low", "high", "half_width", "p_first_beats", "seed_se", "item_se", "df")
+
+
 def fraction_table(
     finetunes: pd.DataFrame, settings: tuple[str, str] = ("full", "no_pretrain"), items: ItemScores | None = None
 ) -> pd.DataFrame:
@@ -242,9 +247,9 @@ def fraction_table(
             row["gap"] = row[f"{first}_mean"] - row[f"{second}_mean"]
             if row[f"{first}_n"] and row[f"{second}_n"]:
                 result = delta(pd.DataFrame(summary).T, items, first, second, task, fraction)
-                row |= {k: result.as_dict()[k] for k in ("low", "high", "half_width", "p_first_beats", "verdict")}
+                row |= {k: result.as_dict()[k] for k in (*GAP_INTERVAL, "verdict")}
             else:
-                row |= {"low": math.nan, "high": math.nan, "half_width": math.nan, "p_first_beats": math.nan}
+                row |= dict.fromkeys(GAP_INTERVAL, math.nan)
                 row["verdict"] = None
             records.append(row)
     return pd.DataFrame(records)
