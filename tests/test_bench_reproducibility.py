@@ -138,3 +138,16 @@ def test_one_run_predicts_what_a_second_repeats():
     by = predicted.set_index(["delta_of", "task"])["repeats"]
     assert by[("two_vs_single_stream", "vcr_qa2r")] > 0.9 > by[("mlm_helps", "vcr_qa2r")]
     assert f"expected to repeat: {predicted['repeats'].sum():.1f} of {len(predicted)} verdicts" in result.stdout
+
+
+def test_the_committed_second_run_meets_the_two_runs_bar():
+    # Two fresh runs of `make reproduce` of one commit (one thread a job against two upstream): every
+    # stated delta's intervals overlap and none helps in one and hurts in the other.
+    out = run(REFERENCE, REFERENCE / "second_run")
+    stated = len(_bench_module().stated_deltas(REFERENCE / "second_run"))
+    assert stated == 25  # VL-BERT's: the six findings' 21 task deltas, the four gaps at 10% of the data
+    assert (
+        f"intervals overlapping {stated} of {stated} (100%; the bar: at least 95%); the same verdict 18 of 25;"
+        " helps in one run and hurts in the other: 0" in out
+    )
+    assert "vlbert: 19 of 24 cells within two SEs of the difference" in out
