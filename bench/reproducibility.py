@@ -164,7 +164,7 @@ def compare_findings(a: dict, b: dict) -> list[dict]:
 def stated_deltas(report: Path) -> pd.DataFrame:
     """Every delta the report states with an interval: the findings' task deltas (findings.json,
     systems_findings.json) and the data-fraction gaps, one row each with what its interval was made
-    from (the parts and degrees of freedom; nan in a report written before they were kept)."""
+    from (its seed and item parts; nan in a report written before they were kept)."""
     rows = []
     for name in ("findings.json", "systems_findings.json"):
         for key, finding in findings(report, name).items():
@@ -174,7 +174,9 @@ def stated_deltas(report: Path) -> pd.DataFrame:
     path = report / "data_fractions.csv"
     if path.is_file():
         for gap in pd.read_csv(path).to_dict("records"):
-            if gap["fraction"] == 1.0 and rows:
+            if gap["fraction"] == 1.0 and ("pretrain_helps", gap["task"]) in {
+                (r["delta_of"], r["task"]) for r in rows
+            }:
                 continue  # the whole set's gap is the findings' `full` - `no_pretrain`: counted once
             seeds = int(min(gap["full_n"], gap["no_pretrain_n"]))
             parts = _interval_parts({**gap, "delta": gap["gap"]}, seeds)
@@ -183,7 +185,7 @@ def stated_deltas(report: Path) -> pd.DataFrame:
 
 
 def _interval_parts(entry: dict, seeds: int) -> dict:
-    parts = {k: entry.get(k, math.nan) for k in ("delta", "low", "high", "seed_se", "item_se", "df")}
+    parts = {k: entry.get(k, math.nan) for k in ("delta", "low", "high", "seed_se", "item_se")}
     parts = {k: math.nan if v is None else float(v) for k, v in parts.items()}
     return {**parts, "seeds": seeds, "verdict": judgement(entry)}
 
@@ -196,10 +198,10 @@ def predict_repeats(deltas: pd.DataFrame, chance: float = 0.8) -> pd.DataFrame:
     from vlbert.study.report.intervals import repeat_chance, seeds_to_show
 
     out = deltas.copy()
-    args = [(r["delta"], r["seed_se"], r["item_se"], r["df"], r["seeds"]) for r in deltas.to_dict("records")]
+    args = [(r["delta"], r["seed_se"], r["item_se"], r["seeds"]) for r in deltas.to_dict("records")]
     out["repeats"] = [repeat_chance(*a, target=v) for a, v in zip(args, deltas["verdict"])]
     out[f"seeds_for_{chance:.0%}"] = [
-        None if any(math.isnan(x) for x in a[:4]) else seeds_to_show(*a, chance=chance) for a in args
+        None if any(math.isnan(x) for x in a[:3]) else seeds_to_show(*a, chance=chance) for a in args
     ]
     return out
 
@@ -219,6 +221,7 @@ def print_predictions(report: Path) -> None:
     shown = predicted[["delta_of", "task", "delta", "low", "high", "verdict", "repeats", column]]
     shown[column] = shown[column].map(lambda n: "-" if n is None or pd.isna(n) else str(int(n)))
     print(shown.round(2).to_string(index=False))
+    predicted = predicted.dropna(subset=["repeats"])
     shown_ones = predicted[predicted["verdict"] != "not shown"]
     print(
         f"expected to repeat: {predicted['repeats'].sum():.1f} of {predicted['repeats'].notna().sum()} verdicts;"
@@ -239,10 +242,16 @@ def compare_stated(a: Path, b: Path) -> None:
     if known.empty:
         return
     same = int((both["judged_a"] == both["judged_b"]).sum())
+    first = predict_repeats(
+        both.rename(columns={c: c.removesuffix("_a") for c in both.columns if c.endswith("_a")}).rename(
+            columns={"judged": "verdict"}
+        )
+    )["repeats"]
+    predicted = f" (the first alone predicted {first.sum():.1f})" if first.notna().any() else ""
     print(
-        f"\nevery stated delta (the findings' and the data-fraction gaps): intervals overlapping {int(known.sum())} of"
-        f" {len(known)} ({known.mean():.0%}; the bar: at least 95%); the same verdict {same} of {len(both)};"
-        f" helps in one run and hurts in the other: {flipped(both)}"
+        f"\nevery stated delta (the findings' and the data-fraction gaps): intervals overlapping {int(known.sum())}"
+        f" of {len(known)} ({known.mean():.0%}; the bar: at least 95%);"
+        f" the same verdict {same} of {len(both)}{predicted}; helps in one run and hurts in the other: {flipped(both)}"
     )
 
 

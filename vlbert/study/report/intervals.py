@@ -195,7 +195,6 @@ def repeat_chance(  # noqa: PLR0913 - one delta's figures, the second run's seed
     delta: float,
     seed_se: float,
     item_se: float,
-    df: float,
     seeds: int,
     target: str,
     second_seeds: int | None = None,
@@ -206,24 +205,26 @@ def repeat_chance(  # noqa: PLR0913 - one delta's figures, the second run's seed
     """The chance that a second run of the same study, with `second_seeds` seeds a setting (default:
     the first's `seeds`), gives this delta the verdict `target`, predicted from the first run alone.
 
-    What the first run leaves uncertain is drawn as a flat prior's posterior: the seeds' variance
-    (its estimate is a chi-square with seeds - 1 degrees of freedom: three seeds often understate
-    it), then the delta's truth around the estimate with that variance and the items'. The second
-    run draws its estimate around the truth with its own standard error: the seed part shrinks with
-    its seeds (each its own pre-training), the items' part stays (the same test items). Its interval
-    is made as `compare_scores` makes one, from a seed variance it estimates with `second_seeds` - 1
-    degrees of freedom. `df` (the first interval's) only marks a delta with no seed part (inf).
-    Monte Carlo with `draws` draws, deterministic for a `seed`; nan where a side has one seed."""
-    if any(math.isnan(x) for x in (delta, seed_se, item_se, df)) or seeds < 2:
+    The second run answers the same test items, so what parts its delta from the first's is the
+    seeds (each its own pre-training): the two share the items' sampling error. What the first run
+    leaves uncertain is drawn from its posterior under the usual reference prior (flat on the delta,
+    1/variance on the seeds' variance): the seeds' variance (its estimate is a chi-square with
+    seeds - 1 degrees of freedom: three seeds often understate it), then the delta on these items
+    around the estimate with that variance. The second run draws its estimate around that delta
+    with its own seed part, which shrinks with its seeds, and makes its interval as
+    `compare_scores` makes one: from a seed variance it estimates with `second_seeds` - 1 degrees
+    of freedom, plus the items' part. Monte Carlo with `draws` draws, deterministic for a `seed`;
+    nan where a side has one seed (no seed part)."""
+    if any(math.isnan(x) for x in (delta, seed_se, item_se)) or seeds < 2:
         return math.nan
     n = second_seeds or seeds
     if n < 2:
         return math.nan
     rng = np.random.default_rng(seed)
     seed_var = seed_se**2 * (seeds - 1) / rng.chisquare(seeds - 1, draws)  # the first run's seeds' part
-    truth = delta + np.sqrt(seed_var + item_se**2) * rng.normal(size=draws)
+    on_these_items = delta + np.sqrt(seed_var) * rng.normal(size=draws)
     seed_var = seed_var * seeds / n  # the second run's
-    estimate = truth + np.sqrt(seed_var + item_se**2) * rng.normal(size=draws)
+    estimate = on_these_items + np.sqrt(seed_var) * rng.normal(size=draws)
     seed_var_seen = seed_var * rng.chisquare(n - 1, draws) / (n - 1)
     total = seed_var_seen + item_se**2
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -234,15 +235,23 @@ def repeat_chance(  # noqa: PLR0913 - one delta's figures, the second run's seed
 
 
 def seeds_to_show(
-    delta: float, seed_se: float, item_se: float, df: float, seeds: int, chance: float = 0.8, most: int = 100
+    delta: float,
+    seed_se: float,
+    item_se: float,
+    seeds: int,
+    chance: float = 0.8,
+    most: int = 100,
+    draws: int = 20_000,
 ) -> int | None:
     """The fewest seeds a setting (2 to `most`) at which a second run shows this delta with its sign
     (helps if positive, hurts if negative) with at least `chance`, predicted as `repeat_chance`
-    predicts; None if no count up to `most` does (the first run leaves the sign itself that uncertain)."""
+    predicts; None if no count up to `most` does (the first run leaves the sign itself that
+    uncertain). Where the chance grows slowly with the seeds, the count carries the Monte Carlo's
+    error (a few hundredths of chance): read a large one as its order of magnitude."""
     target = HELPS if delta > 0 else HURTS
 
     def enough(n: int) -> bool:
-        return repeat_chance(delta, seed_se, item_se, df, seeds, target, second_seeds=n) >= chance
+        return repeat_chance(delta, seed_se, item_se, seeds, target, second_seeds=n, draws=draws) >= chance
 
     # More seeds narrow the second run's interval, so the chance grows with them: bisect.
     if not enough(most):
