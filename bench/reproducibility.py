@@ -10,10 +10,10 @@ data-fraction gaps): whether the two intervals overlap and whether the verdicts 
 shown) match. The bar: at least 95% of the intervals overlap, and no delta helps in one run and
 hurts in the other.
 
-From the first run alone it then predicts, per stated delta, the chance that a second run with as
-many seeds gives its verdict again, and the fewest seeds a setting at which a second run would show
-the delta with its sign 80% of the time (vlbert/study/report/intervals.py, `repeat_chance`). Given
-one folder, it prints that prediction only.
+Beside the verdicts that agree it prints how many the first run alone predicted. Given one folder,
+it predicts per stated delta the chance that a second run with as many seeds gives its verdict
+again, and the fewest seeds a setting at which a second run would show the delta with its sign 80%
+of the time (vlbert/study/report/intervals.py, `repeat_chance`, `seeds_to_show`).
 
     python bench/reproducibility.py reports/reference/mini reports/mini
     python bench/reproducibility.py reports/reference/mini
@@ -190,19 +190,21 @@ def _interval_parts(entry: dict, seeds: int) -> dict:
     return {**parts, "seeds": seeds, "verdict": judgement(entry)}
 
 
-def predict_repeats(deltas: pd.DataFrame, chance: float = 0.8) -> pd.DataFrame:
+def predict_repeats(deltas: pd.DataFrame, chance: float | None = 0.8) -> pd.DataFrame:
     """Per delta, from this run alone: the chance that a second run with as many seeds gives its
-    verdict again, and the fewest seeds a setting at which a second run shows it with its sign with
-    `chance` (intervals.repeat_chance and seeds_to_show: the delta's truth as uncertain as its
-    interval says, the second run's seed part shrinking with its seeds, its items' part not)."""
+    verdict again, and (unless `chance` is None) the fewest seeds a setting at which a second run
+    shows it with its sign with `chance` (intervals.repeat_chance and seeds_to_show: the delta on
+    these test items as uncertain as the run's seeds leave it, the second run's seed part
+    shrinking with its seeds)."""
     from vlbert.study.report.intervals import repeat_chance, seeds_to_show
 
     out = deltas.copy()
     args = [(r["delta"], r["seed_se"], r["item_se"], r["seeds"]) for r in deltas.to_dict("records")]
     out["repeats"] = [repeat_chance(*a, target=v) for a, v in zip(args, deltas["verdict"])]
-    out[f"seeds_for_{chance:.0%}"] = [
-        None if any(math.isnan(x) for x in a[:3]) else seeds_to_show(*a, chance=chance) for a in args
-    ]
+    if chance is not None:
+        out[f"seeds_for_{chance:.0%}"] = [
+            None if any(math.isnan(x) for x in a[:3]) else seeds_to_show(*a, chance=chance) for a in args
+        ]
     return out
 
 
@@ -242,11 +244,8 @@ def compare_stated(a: Path, b: Path) -> None:
     if known.empty:
         return
     same = int((both["judged_a"] == both["judged_b"]).sum())
-    first = predict_repeats(
-        both.rename(columns={c: c.removesuffix("_a") for c in both.columns if c.endswith("_a")}).rename(
-            columns={"judged": "verdict"}
-        )
-    )["repeats"]
+    as_first = both.rename(columns={c: c.removesuffix("_a") for c in both.columns if c.endswith("_a")})
+    first = predict_repeats(as_first.rename(columns={"judged": "verdict"}), chance=None)["repeats"]
     predicted = f" (the first alone predicted {first.sum():.1f})" if first.notna().any() else ""
     print(
         f"\nevery stated delta (the findings' and the data-fraction gaps): intervals overlapping {int(known.sum())}"
@@ -331,7 +330,6 @@ def main() -> None:
         )
 
     compare_stated(args.a, args.b)
-    print_predictions(args.a)
 
 
 if __name__ == "__main__":

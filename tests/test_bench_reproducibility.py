@@ -132,8 +132,9 @@ def test_one_run_predicts_what_a_second_repeats():
     result = subprocess.run([sys.executable, str(BENCH), str(REFERENCE)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     bench = _bench_module()
-    predicted = bench.predict_repeats(bench.stated_deltas(REFERENCE))
+    predicted = bench.predict_repeats(bench.stated_deltas(REFERENCE), chance=None)  # the seeds: printed only
     assert predicted["repeats"].between(0, 1).all()
+    assert "seeds_for_80%" in result.stdout
     # A delta shown by a wide margin for its spread repeats more often than one barely shown.
     by = predicted.set_index(["delta_of", "task"])["repeats"]
     assert by[("two_vs_single_stream", "vcr_qa2r")] > 0.9 > by[("mlm_helps", "vcr_qa2r")]
