@@ -13,7 +13,7 @@ hurts in the other.
 Beside the verdicts that agree it prints how many the first run alone predicted. Given one folder,
 it predicts per stated delta the chance that a second run with as many seeds gives its verdict
 again, and the fewest seeds a setting at which a second run would show the delta with its sign 80%
-of the time (vlbert/study/report/intervals.py, `repeat_chance`, `seeds_to_show`).
+of the time (vlbert/study/intervals.py, `repeat_chance`, `seeds_to_show`).
 
     python bench/reproducibility.py reports/reference/mini reports/mini
     python bench/reproducibility.py reports/reference/mini
@@ -196,7 +196,7 @@ def predict_repeats(deltas: pd.DataFrame, chance: float | None = 0.8) -> pd.Data
     shows it with its sign with `chance` (intervals.repeat_chance and seeds_to_show: the delta on
     these test items as uncertain as the run's seeds leave it, the second run's seed part
     shrinking with its seeds)."""
-    from vlbert.study.report.intervals import repeat_chance, seeds_to_show
+    from vlbert.study.intervals import repeat_chance, seeds_to_show
 
     out = deltas.copy()
     args = [(r["delta"], r["seed_se"], r["item_se"], r["seeds"]) for r in deltas.to_dict("records")]

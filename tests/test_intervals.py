@@ -1,4 +1,4 @@
-"""The intervals of a difference between two settings (vlbert/study/report/intervals.py): their
+"""The intervals of a difference between two settings (vlbert/study/intervals.py): their
 coverage on a simulated study whose deltas are known, with seed and item noise both present."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 from scipy.special import expit, logit
 
-from vlbert.study.report.intervals import (
+from vlbert.study.intervals import (
     HELPS,
     HURTS,
     NOT_SHOWN,

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ...evaluation.floors import accuracy_se
 from ...registry import SETTINGS, TABLE4_SETTINGS, TABLE4_TASKS, TASKS
-from .intervals import HELPS, HURTS, NOT_SHOWN, Delta, compare_scores, compare_summaries
+from ..intervals import HELPS, HURTS, NOT_SHOWN, Delta, compare_scores, compare_summaries
 
 # Per (setting, task, training fraction): the seeds of its runs and their scores per test item
 # ([seeds, items], the task's items in one order for every run), as read.item_scores reads them.
