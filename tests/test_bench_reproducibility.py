@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench" / "reproducibility.py"
@@ -128,6 +129,7 @@ def test_every_stated_delta_is_compared_once_and_the_bar_is_printed(tmp_path):
     assert f"intervals overlapping {n - 1} of {n} " in out and "helps in one run and hurts in the other: 0" in out
 
 
+@pytest.mark.slow  # the seeds for 80% of every stated delta: 9 s
 def test_one_run_predicts_what_a_second_repeats():
     result = subprocess.run([sys.executable, str(BENCH), str(REFERENCE)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

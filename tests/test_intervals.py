@@ -116,6 +116,7 @@ def test_without_seed_noise_a_second_run_on_the_same_items_repeats_the_verdict()
     assert math.isnan(repeat_chance(5.0, 1.0, 1.0, 1, HELPS))
 
 
+@pytest.mark.slow  # 6,000 simulated studies: 16 s
 @pytest.mark.parametrize("world_seed", [7, 8])
 def test_the_predicted_repeat_chance_is_calibrated_on_simulated_pairs_of_runs(world_seed):
     # Studies whose delta is drawn wide (the flat prior the prediction assumes), each run three seeds
