@@ -24,7 +24,7 @@ reproduce-systems: $(STAMP)  ## adds ViLBERT's and Pixel-BERT's rows and the sys
 test: $(STAMP)  ## the whole test suite, slow end-to-end tests included (the cluster's: test-cluster)
 	$(VENV)/bin/python -m pytest -m "not cluster"
 
-test-fast: $(STAMP)  ## without the slow end-to-end tests: 2.5 to 3 minutes on 2 cores
+test-fast: $(STAMP)  ## without the slow end-to-end tests: about 3 minutes on 2 cores
 	$(VENV)/bin/python -m pytest -m "not slow and not cluster"
 
 # The Debian packages of the cluster test: SLURM with its accounting (slurmdbd over MariaDB), munge,
